@@ -1,0 +1,1 @@
+"""flowmq_objstore."""

@@ -1,0 +1,122 @@
+"""Broker configuration: defaults < TOML file (``--config``) < ``FLOWMQ_*`` env < flags.
+
+Every key is a field of ``BrokerConfig``; the TOML key, the env var (``FLOWMQ_`` + upper
+case) and the flag (``--`` + dashes) are all derived from the field name, so the three can
+never drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ALL_ROLES = ("mqtt", "kafka", "amqp", "admin")
+
+
+class ConfigError(Exception):
+    """A configuration value is missing, malformed or contradictory."""
+
+
+@dataclasses.dataclass
+class BrokerConfig:
+    data_dir: str = "./data"
+    node_id: str = ""  # empty: derived from the host name and HTTP port at start
+    meta: str = ""  # empty: sqlite:///<data_dir>/meta.db
+    objects: str = ""  # empty: file://<abs data_dir>/objects
+    http_port: int = 8080
+    mqtt_port: int = 1883
+    kafka_port: int = 9092
+    amqp_port: int = 5672
+    gossip_port: int = 7946
+    cluster_port: int = 0  # inter-broker link; 0 = pick a free port
+    seeds: list[str] = dataclasses.field(default_factory=list)
+    roles: list[str] = dataclasses.field(default_factory=lambda: list(ALL_ROLES))
+    admin_token: str = ""  # empty: generated at first start, kept in <data_dir>/admin_token
+    log_level: str = "info"
+
+    def resolved(self) -> BrokerConfig:
+        """A copy with the embedded defaults that depend on ``data_dir`` filled in."""
+        cfg = dataclasses.replace(self)
+        data_dir = Path(cfg.data_dir).expanduser()
+        if not cfg.meta:
+            cfg.meta = f"sqlite:///{data_dir / 'meta.db'}"
+        if not cfg.objects:
+            cfg.objects = (data_dir.absolute() / "objects").as_uri()
+        return cfg
+
+    def validate(self) -> None:
+        unknown = [role for role in self.roles if role not in ALL_ROLES]
+        if unknown or not self.roles:
+            raise ConfigError(
+                f"roles must be a non-empty subset of {','.join(ALL_ROLES)}; got {','.join(self.roles) or 'nothing'}"
+            )
+        for field in dataclasses.fields(self):
+            if field.name.endswith("_port"):
+                port = getattr(self, field.name)
+                if not 0 <= port <= 65535:
+                    raise ConfigError(f"{field.name} must be 0..65535; got {port}")
+        if self.log_level.lower() not in {"debug", "info", "warning", "error", "critical"}:
+            raise ConfigError(
+                f"log_level must be debug, info, warning or error; got {self.log_level}"
+            )
+
+
+def _coerce(field: dataclasses.Field, raw: Any, source: str) -> Any:
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind.startswith("list"):
+            if isinstance(raw, str):
+                return [item.strip() for item in raw.split(",") if item.strip()]
+            if isinstance(raw, list):
+                return [str(item) for item in raw]
+            raise TypeError
+        if isinstance(raw, dict | list):
+            raise TypeError
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {field.name} has an invalid value {raw!r}") from None
+
+
+def load_config(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+) -> BrokerConfig:
+    """Merge the sources; ``flags`` holds only the options given on the command line."""
+    env = os.environ if env is None else env
+    fields = {field.name: field for field in dataclasses.fields(BrokerConfig)}
+    values: dict[str, Any] = {}
+
+    config_file = config_file or env.get("FLOWMQ_CONFIG")
+    if config_file:
+        try:
+            with open(config_file, "rb") as handle:
+                table = tomllib.load(handle)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {config_file}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
+        for key, raw in table.items():
+            name = key.replace("-", "_")
+            if name not in fields:
+                raise ConfigError(f"config file {config_file}: unknown key {key!r}")
+            values[name] = _coerce(fields[name], raw, f"config file {config_file}")
+
+    for name, field in fields.items():
+        var = "FLOWMQ_" + name.upper()
+        if var in env:
+            values[name] = _coerce(field, env[var], f"environment variable {var}")
+
+    for name, raw in (flags or {}).items():
+        if raw is not None:
+            values[name] = _coerce(fields[name], raw, f"--{name.replace('_', '-')}")
+
+    config = BrokerConfig(**values)
+    config.validate()
+    return config

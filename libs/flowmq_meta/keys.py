@@ -1,0 +1,140 @@
+"""The key schema: every subspace of the meta store, named in one place.
+
+Keys are FoundationDB tuples (``fdb.tuple``, pure Python, no native client needed), so the
+byte order of keys is the tuple order on every backend: ints sort numerically (negative before
+positive), strings and bytes lexicographically, and a tuple sorts before its extensions —
+which is what makes range reads such as "every chunk of partition p from offset o" work.
+
+Each subspace is a one-element tuple prefix with a short name; the names are part of the
+on-disk format, so never rename one in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fdb.tuple as fdbtuple
+
+
+class Subspace:
+    """A tuple prefix: ``pack(*items)`` builds a key, ``unpack`` recovers the items,
+    ``range(*items)`` gives ``(begin, end)`` covering every key that extends ``items``."""
+
+    __slots__ = ("prefix", "raw")
+
+    def __init__(self, prefix: tuple[Any, ...], raw: bytes = b"") -> None:
+        self.prefix = prefix
+        self.raw = raw + fdbtuple.pack(prefix)
+
+    def pack(self, *items: Any) -> bytes:
+        return fdbtuple.pack(items, prefix=self.raw)
+
+    def unpack(self, key: bytes) -> tuple[Any, ...]:
+        if not self.contains(key):
+            raise ValueError(f"key {key!r} is not in subspace {self.prefix!r}")
+        return fdbtuple.unpack(key, prefix_len=len(self.raw))
+
+    def range(self, *items: Any) -> tuple[bytes, bytes]:
+        """Keys strictly extending ``items`` (the key ``pack(*items)`` itself excluded, as in
+        ``fdb.tuple.range``)."""
+        packed = self.pack(*items)
+        return packed + b"\x00", packed + b"\xff"
+
+    def contains(self, key: bytes) -> bool:
+        return key.startswith(self.raw)
+
+    def subspace(self, *items: Any) -> Subspace:
+        """A nested subspace, e.g. one stream's partitions."""
+        return Subspace(items, raw=self.raw)
+
+    def __repr__(self) -> str:
+        return f"Subspace({self.prefix!r})"
+
+
+# Global metadata version: 8-byte little-endian int (encode_int), bumped by every metadata
+# change in the same transaction as the change (see changelog.py).
+META_VERSION: bytes = fdbtuple.pack(("meta_version",))
+
+# (version,) -> JSON {"kind", "payload", "version"}: the change log anti-entropy replays.
+CHANGELOG = Subspace(("changelog",))
+
+# (ns,) -> namespace settings (JSON).
+NAMESPACES = Subspace(("ns",))
+
+# (ns, name) -> destination definition (JSON: type, options).
+DESTINATIONS = Subspace(("dest",))
+
+# (ns, "canonical", canonical topic) and (ns, "kafka", name with '.' folded to '_') -> the
+# destination name holding it: makes names unique after mapping (DESIGN.md §3 collisions).
+DESTINATION_NAMES = Subspace(("dest_name",))
+
+# (ns, filter, destination) -> route options (JSON); the routing trie is built from this.
+ROUTES = Subspace(("route",))
+
+# (ns, stream, partition, base_offset) -> chunk location (object key, byte range, record
+# count, max timestamp).  base_offset is an int, so a reverse range read from an offset finds
+# the chunk containing it.
+STREAM_INDEX = Subspace(("s_idx",))
+
+# (ns, stream, partition) -> next offset (high watermark), 8-byte int; watched by long polls.
+STREAM_HWM = Subspace(("s_hwm",))
+
+# (ns, group, stream, partition) -> committed offset + metadata of a consumer group.
+GROUP_OFFSETS = Subspace(("g_off",))
+
+# (ns, queue, shard, seq) -> body location of a ready message; sharded so appends do not all
+# hit one key range.
+QUEUE_READY = Subspace(("q_ready",))
+
+# (ns, queue, shard, seq) -> lease (consumer, deadline, attempt) of a claimed message.
+QUEUE_INFLIGHT = Subspace(("q_lease",))
+
+# (ns, queue, seq) -> dead-lettered message (location, reason, attempts).
+QUEUE_DEAD = Subspace(("q_dead",))
+
+# (ns, topic) -> retained message (MQTT), small enough to inline.
+RETAINED = Subspace(("retained",))
+
+# (ns, client_id) -> persistent session state (subscriptions, expiry).
+SESSIONS = Subspace(("session",))
+
+# (name,) -> user record (password hash, attributes).
+USERS = Subspace(("user",))
+
+# (name, ...) -> ACL rules of a user; the rest of the tuple orders the rules.
+ACLS = Subspace(("acl",))
+
+# (object key,) -> 8-byte reference count of a shared segment object (atomic add).
+OBJECT_REFS = Subspace(("obj_ref",))
+
+# (object key,) -> reason/time: objects whose last reference is gone, deleted by the GC job
+# (a durable list, so a crash between unreferencing and deleting leaves no orphan).
+OBJECTS_TO_DELETE = Subspace(("obj_del",))
+
+# (node_id,) -> node record (address, ports, last seen) for membership bootstrap.
+NODES = Subspace(("node",))
+
+# (name,) -> cluster-wide setting (JSON).
+SETTINGS = Subspace(("setting",))
+
+ALL_SUBSPACES: dict[str, Subspace] = {
+    "CHANGELOG": CHANGELOG,
+    "NAMESPACES": NAMESPACES,
+    "DESTINATIONS": DESTINATIONS,
+    "DESTINATION_NAMES": DESTINATION_NAMES,
+    "ROUTES": ROUTES,
+    "STREAM_INDEX": STREAM_INDEX,
+    "STREAM_HWM": STREAM_HWM,
+    "GROUP_OFFSETS": GROUP_OFFSETS,
+    "QUEUE_READY": QUEUE_READY,
+    "QUEUE_INFLIGHT": QUEUE_INFLIGHT,
+    "QUEUE_DEAD": QUEUE_DEAD,
+    "RETAINED": RETAINED,
+    "SESSIONS": SESSIONS,
+    "USERS": USERS,
+    "ACLS": ACLS,
+    "OBJECT_REFS": OBJECT_REFS,
+    "OBJECTS_TO_DELETE": OBJECTS_TO_DELETE,
+    "NODES": NODES,
+    "SETTINGS": SETTINGS,
+}

@@ -1,0 +1,377 @@
+"""``sqlite:///path`` — the embedded meta store: one SQLite file in WAL mode, shared safely by
+several broker processes on one host.
+
+Threading.  sqlite3 calls block, so each store owns ONE worker thread with its own connection
+(``isolation_level=None``, explicit ``BEGIN``/``COMMIT``); ``transact`` ships ``fn`` to it and
+awaits the result, and the event loop never blocks.  Transactions of one store are therefore
+serialized in that thread and never conflict with each other; conflicts only come from other
+connections (other processes, or other stores on the same file).
+
+Isolation.  SQLite serializes writers on the WAL write lock, and a transaction that read a
+snapshot older than the latest commit cannot upgrade to a writer (SQLITE_BUSY_SNAPSHOT) —
+which is exactly FoundationDB's optimistic-conflict rule, at whole-database granularity.  So
+reads go straight to SQLite, writes are applied inside the open transaction (reads see own
+writes), and any SQLITE_BUSY/LOCKED rolls back and reruns ``fn`` after a jittered backoff.
+``add`` is a read-modify-write inside the transaction.
+
+``BEGIN`` mode (``begin=`` URL option), measured with ``benchmarks/meta_txn.py``:
+- ``deferred``: plain BEGIN.  Read-only transactions never take the write lock; a writer that
+  loses a race finds out at its first write and reruns.  Under multi-process contention most
+  attempts lose and spin through backoff.
+- ``immediate``: BEGIN IMMEDIATE takes the write lock up front and waits for it in SQLite's
+  busy handler — no reruns, but read-only transactions also serialize on the lock.
+- ``adaptive`` (default): the first attempt is deferred, every rerun is IMMEDIATE.  Readers
+  stay concurrent, and a writer that lost once queues on the lock instead of losing again.
+See the numbers in ``DEFAULT_BEGIN``'s comment.
+
+Durability.  ``synchronous=FULL`` (default): the WAL is fsynced at every commit, so a
+transaction that returned survives an OS crash or power loss, which acknowledged messages
+require.  ``NORMAL`` in WAL mode survives a process crash (SIGKILL) but may lose the last
+commits on an OS crash; it is accepted as a URL option for tests and benchmarks only.
+
+Watches.  Other processes' commits are invisible to this process, so watched keys are polled
+(one query for all of them, every ``poll_interval`` s, only while watches exist); commits made
+through this store notify watches at once, from the values the transaction wrote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl
+
+from flowmq_meta._base import (
+    ChangeTracker,
+    GuardedTransaction,
+    ValueWatch,
+    WatchRegistry,
+    add_int,
+    backoff_delay,
+    reject_coroutine,
+)
+from flowmq_meta.api import (
+    MetaError,
+    MetaStore,
+    RetryLimitExceeded,
+    Transaction,
+    TransactionConflict,
+)
+
+T = TypeVar("T")
+
+BEGIN_MODES = ("deferred", "immediate", "adaptive")
+SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+# See the module docstring and benchmarks/meta_txn.py for the measurements behind this.
+DEFAULT_BEGIN = "adaptive"
+
+_BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+_POLL_CHUNK = 500  # bound the number of SQL variables per poll query
+
+
+def _is_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _BUSY_CODES
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+class _SqliteTransaction(GuardedTransaction):
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        super().__init__()
+        self._conn = conn
+        self._path = path
+        self.tracker = ChangeTracker()
+        self.watches: list[ValueWatch] = []
+        # Set when SQLite reported a conflict, so the attempt is rerun even if ``fn`` caught
+        # the TransactionConflict we raised.
+        self.conflict = False
+
+    def _execute(self, sql: str, params: tuple[Any, ...]) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                self.conflict = True
+                raise TransactionConflict(f"{self._path}: {exc}") from exc
+            raise MetaError(f"SQLite meta store {self._path}: {exc}") from exc
+
+    def _get(self, key: bytes) -> bytes | None:
+        row = self._execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def _get_range(
+        self, begin: bytes, end: bytes, limit: int, reverse: bool
+    ) -> list[tuple[bytes, bytes]]:
+        sql = "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key"
+        if reverse:
+            sql += " DESC"
+        params: tuple[Any, ...] = (begin, end)
+        if limit:
+            sql += " LIMIT ?"
+            params = (begin, end, limit)
+        return self._execute(sql, params).fetchall()
+
+    def _set(self, key: bytes, value: bytes) -> None:
+        self._execute("INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)", (key, value))
+        self.tracker.wrote(key, value)
+
+    def _clear(self, key: bytes) -> None:
+        self._execute("DELETE FROM kv WHERE key = ?", (key,))
+        self.tracker.wrote(key, None)
+
+    def _clear_range(self, begin: bytes, end: bytes) -> None:
+        self._execute("DELETE FROM kv WHERE key >= ? AND key < ?", (begin, end))
+        self.tracker.cleared_range(begin, end)
+
+    def _add(self, key: bytes, param: bytes, delta: int) -> None:
+        self._set(key, add_int(self._get(key), delta))
+
+    def _watch(self, key: bytes) -> ValueWatch:
+        watch = ValueWatch(key, self._get(key))
+        self.watches.append(watch)
+        return watch
+
+
+class SqliteMetaStore(MetaStore):
+    """Meta store in one SQLite file; see the module docstring for the design."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        url: str | None = None,
+        synchronous: str = "FULL",
+        begin: str = DEFAULT_BEGIN,
+        busy_timeout: float = 5.0,
+        retry_timeout: float = 30.0,
+        poll_interval: float = 0.05,
+    ) -> None:
+        """Open (creating if needed) the database at ``path``.  Blocks briefly: call it at
+        start-up.  Raises ``MetaError`` naming the path if it cannot be opened for writing."""
+        synchronous = synchronous.upper()
+        if synchronous not in SYNCHRONOUS_MODES:
+            raise MetaError(f"sqlite synchronous must be one of {SYNCHRONOUS_MODES}")
+        if begin not in BEGIN_MODES:
+            raise MetaError(f"sqlite begin mode must be one of {BEGIN_MODES}")
+        self.path = os.path.abspath(path)
+        self.url = url or f"sqlite:///{self.path}"
+        self.synchronous = synchronous
+        self.begin = begin
+        self._busy_timeout = busy_timeout
+        self._retry_timeout = retry_timeout
+        self._poll_interval = poll_interval
+        self._watches = WatchRegistry()
+        self._poller: asyncio.Task[None] | None = None
+        self._closed = False
+        self._conn: sqlite3.Connection | None = None
+        # Reruns of fn after a conflict, for metrics and benchmarks.
+        self.conflicts = 0
+
+        parent = os.path.dirname(self.path)
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as exc:
+            raise MetaError(
+                f"cannot create directory {parent!r} for SQLite meta store {self.path!r}: "
+                f"{exc.strerror or exc}"
+            ) from exc
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="flowmq-meta-sqlite"
+        )
+        try:
+            self._executor.submit(self._open).result()
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            raise
+
+    @classmethod
+    def from_url(cls, url: str) -> SqliteMetaStore:
+        """``sqlite:///relative.db`` or ``sqlite:////absolute.db`` (SQLAlchemy's convention),
+        optionally ``?synchronous=FULL&begin=adaptive&busy_timeout=5&poll_interval=0.05``."""
+        prefix = "sqlite:///"
+        if not url.startswith(prefix):
+            raise MetaError(
+                f"malformed meta store URL {url!r}: expected sqlite:///relative/path.db "
+                "or sqlite:////absolute/path.db"
+            )
+        path, _, query = url[len(prefix) :].partition("?")
+        if not path or path.endswith("/") or path == ":memory:":
+            raise MetaError(f"malformed meta store URL {url!r}: it names no database file")
+        options: dict[str, Any] = {}
+        for name, value in parse_qsl(query, keep_blank_values=True):
+            try:
+                if name in ("synchronous", "begin"):
+                    options[name] = value.upper() if name == "synchronous" else value.lower()
+                elif name in ("busy_timeout", "retry_timeout", "poll_interval"):
+                    options[name] = float(value)
+                else:
+                    raise MetaError(f"unknown option {name!r}")
+            except (ValueError, MetaError) as exc:
+                raise MetaError(f"malformed meta store URL {url!r}: {exc}") from None
+        return cls(path, url=url, **options)
+
+    # -- worker-thread side ---------------------------------------------------------------
+    def _open(self) -> None:
+        # Switching a new file to WAL needs an exclusive lock and SQLite reports BUSY at once,
+        # without its busy handler, when another process is doing the same: retry that here.
+        deadline = time.monotonic() + max(self._busy_timeout, 1.0)
+        attempt = 0
+        while True:
+            try:
+                self._conn = self._connect()
+                return
+            except sqlite3.OperationalError as exc:
+                attempt += 1
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    raise MetaError(
+                        f"cannot open SQLite meta store {self.path!r} for writing: {exc}"
+                    ) from exc
+                time.sleep(backoff_delay(attempt, cap=0.1))
+            except sqlite3.Error as exc:
+                raise MetaError(
+                    f"cannot open SQLite meta store {self.path!r} for writing: {exc}"
+                ) from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_timeout)
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise MetaError(
+                    f"SQLite meta store {self.path!r}: cannot use WAL mode (got {mode!r}); "
+                    "the file system must support shared memory"
+                )
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY, value BLOB NOT NULL) "
+                "WITHOUT ROWID"
+            )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _attempt(self, fn: Callable[[Transaction], T], immediate: bool) -> tuple[T, Any]:
+        conn = self._conn
+        assert conn is not None
+        try:
+            conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        except sqlite3.Error as exc:
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                raise TransactionConflict(f"{self.path}: {exc}") from exc
+            raise MetaError(f"SQLite meta store {self.path}: {exc}") from exc
+        tr = _SqliteTransaction(conn, self.path)
+        try:
+            result = fn(tr)
+            reject_coroutine(result)
+            if tr.conflict:
+                raise TransactionConflict(f"{self.path}: conflict swallowed by fn")
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+            if tr.conflict:
+                raise TransactionConflict(f"{self.path}: {exc}") from exc
+            if isinstance(exc, sqlite3.OperationalError) and _is_busy(exc):
+                raise TransactionConflict(f"{self.path}: {exc}") from exc
+            if isinstance(exc, sqlite3.Error):
+                raise MetaError(f"SQLite meta store {self.path}: {exc}") from exc
+            raise
+        finally:
+            tr._finish()
+        return result, tr
+
+    def _read_keys(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        conn = self._conn
+        assert conn is not None
+        found: dict[bytes, bytes] = {}
+        for i in range(0, len(keys), _POLL_CHUNK):
+            chunk = keys[i : i + _POLL_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            rows = conn.execute(f"SELECT key, value FROM kv WHERE key IN ({marks})", chunk)
+            found.update(rows.fetchall())
+        return found
+
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- event-loop side --------------------------------------------------------------------
+    async def transact(self, fn: Callable[[Transaction], T]) -> T:
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self._retry_timeout
+        attempt = 0
+        while True:
+            if self._closed:
+                raise MetaError(f"meta store {self.url} is closed")
+            immediate = self.begin == "immediate" or (self.begin == "adaptive" and attempt > 0)
+            try:
+                result, tr = await loop.run_in_executor(
+                    self._executor, self._attempt, fn, immediate
+                )
+            except TransactionConflict as exc:
+                attempt += 1
+                self.conflicts += 1
+                if time.monotonic() > deadline:
+                    raise RetryLimitExceeded(
+                        f"transaction on {self.path} still conflicting after {attempt} "
+                        f"attempts in {self._retry_timeout:g} s: {exc}"
+                    ) from exc
+                # After a lost race the IMMEDIATE rerun waits in SQLite's busy handler, so
+                # it needs no sleep of ours; the other modes back off.
+                if not (self.begin == "adaptive" and attempt == 1):
+                    await asyncio.sleep(backoff_delay(attempt))
+                continue
+            self._watches.notify_commit(tr.tracker)
+            if tr.watches:
+                for watch in tr.watches:
+                    self._watches.activate(loop, watch, tr.tracker)
+                self._ensure_poller(loop)
+            return result
+
+    def _ensure_poller(self, loop: asyncio.AbstractEventLoop) -> None:
+        if len(self._watches) and (self._poller is None or self._poller.done()):
+            self._poller = loop.create_task(self._poll(), name=f"meta-watch-poll {self.path}")
+
+    async def _poll(self) -> None:
+        """Catch changes committed by other connections: results come back through the same
+        worker thread as transactions, so they are ordered with watch activations and a poll
+        can never compare a watch against data older than what its transaction saw."""
+        loop = asyncio.get_running_loop()
+        while len(self._watches) and not self._closed:
+            await asyncio.sleep(self._poll_interval)
+            keys = self._watches.keys()
+            if not keys or self._closed:
+                break
+            try:
+                found = await loop.run_in_executor(self._executor, self._read_keys, keys)
+            except (sqlite3.Error, RuntimeError):
+                # Busy or shutting down: the next round retries; close() ends the loop.
+                continue
+            for key in keys:
+                self._watches.notify(key, found.get(key))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._watches.cancel_all()
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+        loop = asyncio.get_running_loop()
+        # Queued behind any running transaction, so those finish first.
+        await loop.run_in_executor(self._executor, self._close_conn)
+        self._executor.shutdown(wait=False)
+
+    def __repr__(self) -> str:
+        return f"SqliteMetaStore({self.path!r}, begin={self.begin}, synchronous={self.synchronous})"

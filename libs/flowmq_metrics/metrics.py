@@ -1,0 +1,186 @@
+"""The metric catalogue.  Names are FlowMQ's documented ones (DESIGN.md §9); AMQP and Queue
+metrics follow the same style.  Label sets are kept small: Prometheus adds ``instance``."""
+
+from __future__ import annotations
+
+from prometheus_client import Gauge, Histogram
+
+from flowmq_metrics.registry import REGISTRY, Counter
+
+_SIZE_BUCKETS = (
+    1_024,
+    16_384,
+    65_536,
+    262_144,
+    1_048_576,
+    4_194_304,
+    16_777_216,
+    67_108_864,
+    float("inf"),
+)
+
+# --- routing engine -------------------------------------------------------------------
+broker_messages_published_count = Counter(
+    "broker_messages_published_count",
+    "Messages accepted from publishers of any protocol.",
+    ("namespace",),
+)
+broker_messages_dispatched_count = Counter(
+    "broker_messages_dispatched_count",
+    "Deliveries to destinations; exceeds published when one message matches several "
+    "destinations (write amplification).",
+    ("namespace",),
+)
+broker_messages_forwarded_count = Counter(
+    "broker_messages_forwarded_count",
+    "Messages forwarded to another broker node for its local subscribers.",
+    ("namespace",),
+)
+broker_destinations = Gauge(
+    "broker_destinations",
+    "Destinations known to this broker, by type.",
+    ("type",),
+    registry=REGISTRY,
+)
+broker_subscriptions = Gauge(
+    "broker_subscriptions", "Subscription routes on this broker.", registry=REGISTRY
+)
+broker_stream_subscriptions = Gauge(
+    "broker_stream_subscriptions",
+    "Stream consumers (Kafka fetch sessions / group members) on this broker.",
+    registry=REGISTRY,
+)
+
+# --- MQTT ------------------------------------------------------------------------------
+mqtt_connections = Gauge(
+    "mqtt_connections", "Open MQTT connections.", ("namespace",), registry=REGISTRY
+)
+mqtt_messages_in_count = Counter(
+    "mqtt_messages_in_count", "PUBLISH packets received.", ("namespace",)
+)
+mqtt_messages_out_count = Counter(
+    "mqtt_messages_out_count", "PUBLISH packets sent.", ("namespace",)
+)
+mqtt_messages_in_bytes_count = Counter(
+    "mqtt_messages_in_bytes_count", "Payload bytes of PUBLISH packets received.", ("namespace",)
+)
+mqtt_messages_out_bytes_count = Counter(
+    "mqtt_messages_out_bytes_count", "Payload bytes of PUBLISH packets sent.", ("namespace",)
+)
+mqtt_messages_dropped_count = Counter(
+    "mqtt_messages_dropped_count",
+    "Messages dropped (slow QoS 0 subscriber, expired, queue full).",
+    ("namespace",),
+)
+
+# --- Kafka -----------------------------------------------------------------------------
+kafka_requests_count = Counter("kafka_requests_count", "Kafka requests handled.", ("api",))
+kafka_messages_in_count = Counter("kafka_messages_in_count", "Records produced.", ("namespace",))
+kafka_messages_out_count = Counter("kafka_messages_out_count", "Records fetched.", ("namespace",))
+kafka_messages_in_bytes_count = Counter(
+    "kafka_messages_in_bytes_count", "Record-batch bytes produced.", ("namespace",)
+)
+kafka_messages_out_bytes_count = Counter(
+    "kafka_messages_out_bytes_count", "Record-batch bytes fetched.", ("namespace",)
+)
+
+# --- AMQP ------------------------------------------------------------------------------
+amqp_connections = Gauge(
+    "amqp_connections", "Open AMQP connections.", ("namespace",), registry=REGISTRY
+)
+amqp_messages_in_count = Counter(
+    "amqp_messages_in_count", "Basic.Publish messages received.", ("namespace",)
+)
+amqp_messages_out_count = Counter(
+    "amqp_messages_out_count", "Basic.Deliver / Basic.GetOk messages sent.", ("namespace",)
+)
+amqp_messages_in_bytes_count = Counter(
+    "amqp_messages_in_bytes_count", "Body bytes of messages received.", ("namespace",)
+)
+amqp_messages_out_bytes_count = Counter(
+    "amqp_messages_out_bytes_count", "Body bytes of messages sent.", ("namespace",)
+)
+
+# --- Queues ----------------------------------------------------------------------------
+queue_messages_enqueued_count = Counter(
+    "queue_messages_enqueued_count", "Messages durably enqueued.", ("namespace", "queue")
+)
+queue_messages_acked_count = Counter(
+    "queue_messages_acked_count", "Messages acknowledged and deleted.", ("namespace", "queue")
+)
+queue_messages_redelivered_count = Counter(
+    "queue_messages_redelivered_count",
+    "Messages returned to ready by nack, reject or an expired lease.",
+    ("namespace", "queue"),
+)
+queue_messages_dead_lettered_count = Counter(
+    "queue_messages_dead_lettered_count",
+    "Messages moved to the dead-letter topic after max_retries.",
+    ("namespace", "queue"),
+)
+queue_depth = Gauge(
+    "queue_depth", "Ready messages in a queue.", ("namespace", "queue"), registry=REGISTRY
+)
+queue_messages_in_flight = Gauge(
+    "queue_messages_in_flight",
+    "Messages leased to consumers and not yet acknowledged.",
+    ("namespace", "queue"),
+    registry=REGISTRY,
+)
+
+# --- object store / KaS3 -----------------------------------------------------------------
+s3_request_count = Counter(
+    "s3_request_count", "Object-store requests by type (put, get, delete, list).", ("type",)
+)
+s3_request_size = Histogram(
+    "s3_request_size",
+    "Bytes transferred per object-store request.",
+    ("type",),
+    buckets=_SIZE_BUCKETS,
+    registry=REGISTRY,
+)
+kas3_segment_size = Histogram(
+    "kas3_segment_size",
+    "Bytes per flushed segment object.",
+    buckets=_SIZE_BUCKETS,
+    registry=REGISTRY,
+)
+kas3_page_cache_hit_count = Counter("kas3_page_cache_hit_count", "Page-cache hits.")
+kas3_page_cache_miss_count = Counter("kas3_page_cache_miss_count", "Page-cache misses.")
+kas3_online_running_tasks = Gauge(
+    "kas3_online_running_tasks",
+    "Flush, fetch and maintenance tasks running now.",
+    registry=REGISTRY,
+)
+
+# --- cluster -----------------------------------------------------------------------------
+gossip_cluster_size = Gauge(
+    "gossip_cluster_size", "Live members seen by this node.", registry=REGISTRY
+)
+gossip_events_originated_count = Counter(
+    "gossip_events_originated_count", "Events this node originated."
+)
+gossip_event_propagation_hops_count = Counter(
+    "gossip_event_propagation_hops_count", "Sum of hop counts of events received."
+)
+anti_entropy_syncs_completed_count = Counter(
+    "anti_entropy_syncs_completed_count", "Anti-entropy rounds completed."
+)
+anti_entropy_missing_events_detected_count = Counter(
+    "anti_entropy_missing_events_detected_count",
+    "Change-log entries anti-entropy found that gossip had not delivered.",
+)
+
+
+def record_object_request(kind: str, size: int) -> None:
+    """Hook for object-store backends: one call per request."""
+    s3_request_count.labels(kind).inc()
+    s3_request_size.labels(kind).observe(size)
+
+
+__all__ = [
+    name
+    for name in dir()
+    if not name.startswith("_")
+    and name not in {"Gauge", "Histogram", "Counter", "REGISTRY", "annotations"}
+]

@@ -1,0 +1,310 @@
+"""Handlers of the admin API.  Each takes the request and the broker backend and returns the
+``data`` of the success envelope; errors are raised (``ApiError`` or ``FlowMQError``)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from flowmq_admin import schemas
+from flowmq_admin.envelope import ApiError
+from flowmq_admin.validation import read_json_body
+from flowmq_core.mapping import amqp_queue_filter, kafka_to_canonical
+from flowmq_core.message import Message
+from flowmq_core.topics import validate_topic
+from flowmq_meta.catalog import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_QUEUE_MAX_RETRIES,
+    DEFAULT_QUEUE_SHARDS,
+    DEFAULT_STREAM_RETENTION_MS,
+    QUEUE,
+    STREAM,
+    Catalog,
+    Destination,
+    validate_namespace_name,
+)
+
+
+class AdminBackend(Protocol):
+    """What the admin API needs from the broker process that hosts it."""
+
+    catalog: Catalog
+
+    def route(self, namespace: str, topic: str) -> list[Destination]: ...
+
+    async def publish(self, namespace: str, message: Message) -> list[Destination]: ...
+
+    def subscriptions(self) -> list[dict[str, Any]]: ...
+
+    async def nodes(self) -> list[dict[str, Any]]: ...
+
+    async def metadata_changed(self) -> None:
+        """Called after a catalog change so this broker routes by it at once."""
+
+
+def namespace_of(request: web.Request) -> str:
+    namespace = request.query.get("namespace", DEFAULT_NAMESPACE)
+    validate_namespace_name(namespace)
+    return namespace
+
+
+# --- namespaces ----------------------------------------------------------------------------
+async def list_namespaces(request: web.Request, backend: AdminBackend) -> Any:
+    return await backend.catalog.list_namespaces()
+
+
+async def create_namespace(request: web.Request, backend: AdminBackend) -> Any:
+    body = await read_json_body(request, schemas.NAMESPACE_CREATE)
+    created = await backend.catalog.create_namespace(body["name"])
+    await backend.metadata_changed()
+    return created
+
+
+async def get_namespace(request: web.Request, backend: AdminBackend) -> Any:
+    return await backend.catalog.get_namespace(request.match_info["name"])
+
+
+async def delete_namespace(request: web.Request, backend: AdminBackend) -> Any:
+    name = request.match_info["name"]
+    await backend.catalog.delete_namespace(name)
+    await backend.metadata_changed()
+    return {"deleted": name}
+
+
+# --- streams and queues: one resource shape, two destination types ------------------------
+@dataclasses.dataclass(frozen=True)
+class DestinationResource:
+    type: str
+    create_schema: schemas.Schema
+    update_schema: schemas.Schema
+    build: Callable[[str, str, dict[str, Any], Destination | None], Destination]
+    view: Callable[[Destination], dict[str, Any]]
+
+
+def _build_stream(
+    namespace: str, name: str, body: dict[str, Any], current: Destination | None
+) -> Destination:
+    options = (
+        dict(current.options)
+        if current
+        else {
+            "partitions": 1,
+            "retention_ms": DEFAULT_STREAM_RETENTION_MS,
+            "retention_bytes": -1,
+        }
+    )
+    for key in ("partitions", "retention_ms", "retention_bytes"):
+        if key in body:
+            options[key] = body[key]
+    if current and options["partitions"] < current.options["partitions"]:
+        raise ApiError(
+            "invalid_partitions",
+            f"partitions can only grow: stream {name!r} has {current.options['partitions']}, "
+            f"asked for {options['partitions']}",
+        )
+    filters = body.get("topic_filters") or (
+        current.topic_filters if current else [kafka_to_canonical(name)]
+    )
+    return Destination(STREAM, namespace, name, list(filters), options)
+
+
+def _view_stream(dest: Destination) -> dict[str, Any]:
+    return {
+        "name": dest.name,
+        "namespace": dest.namespace,
+        "topic_filters": dest.topic_filters,
+        **dest.options,
+        "created_at_ms": dest.created_at_ms,
+        "version": dest.version,
+    }
+
+
+def _build_queue(
+    namespace: str, name: str, body: dict[str, Any], current: Destination | None
+) -> Destination:
+    options = (
+        dict(current.options)
+        if current
+        else {
+            "max_size_mb": None,
+            "message_ttl_seconds": None,
+            "max_retries": DEFAULT_QUEUE_MAX_RETRIES,
+            "dead_letter_topic": None,
+            "shards": DEFAULT_QUEUE_SHARDS,
+        }
+    )
+    for key in ("max_size_mb", "message_ttl_seconds", "max_retries", "dead_letter_topic", "shards"):
+        if key in body:
+            options[key] = body[key]
+    if options["dead_letter_topic"] is not None:
+        validate_topic(options["dead_letter_topic"])
+    if "topic_filter" in body:
+        filters = [body["topic_filter"]]
+    elif current:
+        filters = current.topic_filters
+    else:
+        filters = [amqp_queue_filter(name)]
+    return Destination(QUEUE, namespace, name, filters, options)
+
+
+def _view_queue(dest: Destination) -> dict[str, Any]:
+    return {
+        "name": dest.name,
+        "namespace": dest.namespace,
+        "topic_filter": dest.topic_filters[0],
+        **dest.options,
+        "created_at_ms": dest.created_at_ms,
+        "version": dest.version,
+    }
+
+
+STREAMS = DestinationResource(
+    STREAM, schemas.STREAM_CREATE, schemas.STREAM_UPDATE, _build_stream, _view_stream
+)
+QUEUES = DestinationResource(
+    QUEUE, schemas.QUEUE_CREATE, schemas.QUEUE_UPDATE, _build_queue, _view_queue
+)
+
+
+def list_handler(resource: DestinationResource):
+    async def handler(request: web.Request, backend: AdminBackend) -> Any:
+        namespace = namespace_of(request)
+        await backend.catalog.get_namespace(namespace)
+        found = await backend.catalog.list_destinations(namespace, resource.type)
+        return [resource.view(dest) for dest in found]
+
+    return handler
+
+
+def create_handler(resource: DestinationResource):
+    async def handler(request: web.Request, backend: AdminBackend) -> Any:
+        body = await read_json_body(request, resource.create_schema)
+        dest = resource.build(namespace_of(request), body["name"], body, None)
+        created = await backend.catalog.create_destination(dest)
+        await backend.metadata_changed()
+        return resource.view(created)
+
+    return handler
+
+
+def get_handler(resource: DestinationResource):
+    async def handler(request: web.Request, backend: AdminBackend) -> Any:
+        dest = await backend.catalog.get_destination(
+            namespace_of(request), request.match_info["name"], resource.type
+        )
+        return resource.view(dest)
+
+    return handler
+
+
+def update_handler(resource: DestinationResource):
+    async def handler(request: web.Request, backend: AdminBackend) -> Any:
+        body = await read_json_body(request, resource.update_schema)
+        current = await backend.catalog.get_destination(
+            namespace_of(request), request.match_info["name"], resource.type
+        )
+        dest = resource.build(current.namespace, current.name, body, current)
+        updated = await backend.catalog.update_destination(dest)
+        await backend.metadata_changed()
+        return resource.view(updated)
+
+    return handler
+
+
+def delete_handler(resource: DestinationResource):
+    async def handler(request: web.Request, backend: AdminBackend) -> Any:
+        name = request.match_info["name"]
+        await backend.catalog.delete_destination(namespace_of(request), name, resource.type)
+        await backend.metadata_changed()
+        return {"deleted": name}
+
+    return handler
+
+
+# --- subscriptions, routes, cluster ----------------------------------------------------------
+async def list_subscriptions(request: web.Request, backend: AdminBackend) -> Any:
+    namespace = namespace_of(request) if "namespace" in request.query else None
+    return [s for s in backend.subscriptions() if namespace is None or s["namespace"] == namespace]
+
+
+def _destination_refs(found: list[Destination]) -> list[dict[str, Any]]:
+    return [
+        {"type": d.type, "name": d.name, "topic_filters": d.topic_filters}
+        for d in sorted(found, key=lambda d: (d.type, d.name))
+    ]
+
+
+def _required_query(request: web.Request, name: str) -> str:
+    value = request.query.get(name)
+    if value is None:
+        raise ApiError("bad_request", f"query parameter {name!r} is required")
+    return value
+
+
+async def test_route(request: web.Request, backend: AdminBackend) -> Any:
+    topic = _required_query(request, "topic")
+    validate_topic(topic)
+    namespace = namespace_of(request)
+    await backend.catalog.get_namespace(namespace)
+    return {
+        "namespace": namespace,
+        "topic": topic,
+        "destinations": _destination_refs(backend.route(namespace, topic)),
+    }
+
+
+async def list_nodes(request: web.Request, backend: AdminBackend) -> Any:
+    return await backend.nodes()
+
+
+# --- HTTP publish -------------------------------------------------------------------------------
+def _message_from(topic: str, body: dict[str, Any]) -> Message:
+    if body.get("encoding", "utf8") == "base64":
+        try:
+            payload = base64.b64decode(body["payload"], validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError("validation_failed", "payload: not valid base64") from None
+    else:
+        payload = body["payload"].encode("utf-8", "surrogatepass")
+    key = body.get("key")
+    return Message(
+        topic=topic,
+        payload=payload,
+        qos=body.get("qos", 1),
+        retain=body.get("retain", False),
+        headers=[(name, value.encode()) for name, value in body.get("headers", {}).items()],
+        key=None if key is None else key.encode(),
+        content_type=body.get("content_type"),
+        source_protocol="http",
+    )
+
+
+async def _publish_target(request: web.Request, backend: AdminBackend) -> tuple[str, str]:
+    topic = request.match_info["topic"]
+    validate_topic(topic)
+    namespace = namespace_of(request)
+    await backend.catalog.get_namespace(namespace)
+    return namespace, topic
+
+
+async def publish_message(request: web.Request, backend: AdminBackend) -> Any:
+    namespace, topic = await _publish_target(request, backend)
+    body = await read_json_body(request, schemas.PUBLISH_MESSAGE)
+    routed = await backend.publish(namespace, _message_from(topic, body))
+    return {"topic": topic, "destinations": _destination_refs(routed)}
+
+
+async def publish_batch(request: web.Request, backend: AdminBackend) -> Any:
+    namespace, topic = await _publish_target(request, backend)
+    body = await read_json_body(request, schemas.PUBLISH_BATCH)
+    messages = [_message_from(topic, item) for item in body["messages"]]  # validate all first
+    results = []
+    for message in messages:
+        routed = await backend.publish(namespace, message)
+        results.append({"topic": topic, "destinations": _destination_refs(routed)})
+    return {"results": results}

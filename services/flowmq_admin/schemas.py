@@ -1,0 +1,266 @@
+"""JSON Schemas of the admin API's bodies: used to validate requests and, unchanged, as the
+OpenAPI document's components, so the document cannot drift from what the handlers accept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Schema = dict[str, Any]
+
+_NULLABLE_POSITIVE_INT: Schema = {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31 - 1}
+
+TOPIC_FILTER: Schema = {"type": "string", "minLength": 1, "maxLength": 65535}
+
+NAMESPACE_CREATE: Schema = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9_-]+$"}
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+
+_STREAM_SETTINGS: dict[str, Schema] = {
+    "topic_filters": {
+        "type": "array",
+        "items": TOPIC_FILTER,
+        "minItems": 1,
+        "maxItems": 64,
+        "description": "Canonical topic filters routed into the stream; default: the "
+        "stream name mapped to a topic ('.' becomes '/').",
+    },
+    "partitions": {"type": "integer", "minimum": 1, "maximum": 1024},
+    "retention_ms": {
+        "type": "integer",
+        "minimum": -1,
+        "maximum": 2**62,
+        "description": "-1: keep forever. Default 604800000 (7 days), as Kafka.",
+    },
+    "retention_bytes": {
+        "type": "integer",
+        "minimum": -1,
+        "maximum": 2**62,
+        "description": "Per partition; -1: unbounded (default).",
+    },
+}
+
+STREAM_CREATE: Schema = {
+    "type": "object",
+    "properties": {
+        "name": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 249,
+            "pattern": "^[A-Za-z0-9._-]+$",
+            "description": "A Kafka topic name.",
+        },
+        **_STREAM_SETTINGS,
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+
+STREAM_UPDATE: Schema = {
+    "type": "object",
+    "properties": _STREAM_SETTINGS,
+    "additionalProperties": False,
+    "minProperties": 1,
+}
+
+_QUEUE_SETTINGS: dict[str, Schema] = {
+    "topic_filter": {
+        **TOPIC_FILTER,
+        "description": "Default: the queue name mapped to a topic ('.' becomes '/').",
+    },
+    "max_size_mb": {**_NULLABLE_POSITIVE_INT, "description": "null: unbounded."},
+    "message_ttl_seconds": {**_NULLABLE_POSITIVE_INT, "description": "null: no expiry."},
+    "max_retries": {"type": "integer", "minimum": 0, "maximum": 1000},
+    "dead_letter_topic": {"type": ["string", "null"], "minLength": 1, "maxLength": 65535},
+}
+
+QUEUE_CREATE: Schema = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 255},
+        **_QUEUE_SETTINGS,
+        "shards": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 256,
+            "description": "Fixed at creation; 1 gives strict FIFO.",
+        },
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+
+QUEUE_UPDATE: Schema = {
+    "type": "object",
+    "properties": _QUEUE_SETTINGS,
+    "additionalProperties": False,
+    "minProperties": 1,
+}
+
+PUBLISH_MESSAGE: Schema = {
+    "type": "object",
+    "properties": {
+        "payload": {"type": "string", "maxLength": 1_048_576},
+        "encoding": {"type": "string", "enum": ["utf8", "base64"]},
+        "qos": {"type": "integer", "minimum": 0, "maximum": 2},
+        "retain": {"type": "boolean"},
+        "key": {"type": ["string", "null"], "maxLength": 65535},
+        "content_type": {"type": ["string", "null"], "maxLength": 255},
+        "headers": {
+            "type": "object",
+            "additionalProperties": {"type": "string", "maxLength": 65535},
+            "maxProperties": 64,
+        },
+    },
+    "required": ["payload"],
+    "additionalProperties": False,
+}
+
+PUBLISH_BATCH: Schema = {
+    "type": "object",
+    "properties": {
+        "messages": {"type": "array", "items": PUBLISH_MESSAGE, "minItems": 1, "maxItems": 1000}
+    },
+    "required": ["messages"],
+    "additionalProperties": False,
+}
+
+# --- responses ---------------------------------------------------------------------------
+ERROR: Schema = {
+    "type": "object",
+    "properties": {
+        "code": {"type": "string"},
+        "message": {"type": "string"},
+        "details": {},
+    },
+    "required": ["code", "message"],
+}
+
+NAMESPACE: Schema = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "created_at_ms": {"type": "integer"}},
+    "required": ["name"],
+}
+
+STREAM: Schema = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "namespace": {"type": "string"},
+        "topic_filters": {"type": "array", "items": {"type": "string"}},
+        "partitions": {"type": "integer"},
+        "retention_ms": {"type": "integer"},
+        "retention_bytes": {"type": "integer"},
+        "created_at_ms": {"type": "integer"},
+        "version": {"type": "integer"},
+    },
+    "required": ["name", "namespace", "topic_filters", "partitions"],
+}
+
+QUEUE: Schema = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "namespace": {"type": "string"},
+        "topic_filter": {"type": "string"},
+        "max_size_mb": {"type": ["integer", "null"]},
+        "message_ttl_seconds": {"type": ["integer", "null"]},
+        "max_retries": {"type": "integer"},
+        "dead_letter_topic": {"type": ["string", "null"]},
+        "shards": {"type": "integer"},
+        "created_at_ms": {"type": "integer"},
+        "version": {"type": "integer"},
+    },
+    "required": ["name", "namespace", "topic_filter"],
+}
+
+SUBSCRIPTION: Schema = {
+    "type": "object",
+    "properties": {
+        "namespace": {"type": "string"},
+        "topic_filter": {"type": "string"},
+        "client_id": {"type": "string"},
+        "protocol": {"type": "string"},
+        "node_id": {"type": "string"},
+        "qos": {"type": "integer"},
+        "shared_group": {"type": ["string", "null"]},
+    },
+    "required": ["namespace", "topic_filter"],
+}
+
+ROUTE_RESULT: Schema = {
+    "type": "object",
+    "properties": {
+        "namespace": {"type": "string"},
+        "topic": {"type": "string"},
+        "destinations": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string"},
+                    "name": {"type": "string"},
+                    "topic_filters": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["type", "name"],
+            },
+        },
+    },
+    "required": ["topic", "destinations"],
+}
+
+NODE: Schema = {
+    "type": "object",
+    "properties": {
+        "node_id": {"type": "string"},
+        "status": {"type": "string", "enum": ["up", "down"]},
+        "self": {"type": "boolean"},
+        "roles": {"type": "array", "items": {"type": "string"}},
+        "ports": {"type": "object"},
+        "started_at_ms": {"type": "integer"},
+        "heartbeat_ms": {"type": "integer"},
+    },
+    "required": ["node_id", "status"],
+}
+
+PUBLISH_RESULT: Schema = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string"},
+        "destinations": ROUTE_RESULT["properties"]["destinations"],
+    },
+    "required": ["topic", "destinations"],
+}
+
+PUBLISH_BATCH_RESULT: Schema = {
+    "type": "object",
+    "properties": {"results": {"type": "array", "items": PUBLISH_RESULT}},
+    "required": ["results"],
+}
+
+
+def envelope(data: Schema) -> Schema:
+    return {
+        "type": "object",
+        "properties": {
+            "success": {"type": "boolean", "const": True},
+            "data": data,
+            "error": {"type": "null"},
+        },
+        "required": ["success", "data", "error"],
+    }
+
+
+ERROR_ENVELOPE: Schema = {
+    "type": "object",
+    "properties": {
+        "success": {"type": "boolean", "const": False},
+        "data": {"type": "null"},
+        "error": ERROR,
+    },
+    "required": ["success", "data", "error"],
+}

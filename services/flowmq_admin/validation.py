@@ -1,0 +1,60 @@
+"""Request validation against the JSON Schemas, with messages that name the field."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any
+
+from aiohttp import web
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+from flowmq_admin.envelope import ApiError
+from flowmq_admin.schemas import Schema
+
+_UNEXPECTED = re.compile(r"\('(.+)' (?:was|were) unexpected\)")
+
+
+@functools.cache
+def _validator(schema_id: int, schema_json: str) -> Draft202012Validator:
+    return Draft202012Validator(json.loads(schema_json))
+
+
+def _describe(error: ValidationError) -> tuple[str, str]:
+    field = ".".join(str(part) for part in error.absolute_path) or "body"
+    if error.validator == "additionalProperties":
+        unexpected = _UNEXPECTED.search(error.message)
+        names = unexpected.group(1) if unexpected else error.message
+        return (
+            field,
+            f"unknown field {names!r}" if field == "body" else f"{field}: unknown field {names!r}",
+        )
+    if error.validator == "required":
+        return field, f"missing required field: {error.message.split(' ')[0]}"
+    return field, f"{field}: {error.message}"
+
+
+def validate(schema: Schema, value: Any) -> None:
+    validator = _validator(id(schema), json.dumps(schema, sort_keys=True))
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    if errors:
+        problems = [_describe(error) for error in errors]
+        raise ApiError(
+            "validation_failed",
+            problems[0][1],
+            {"problems": [{"field": field, "message": message} for field, message in problems]},
+        )
+
+
+async def read_json_body(request: web.Request, schema: Schema) -> Any:
+    raw = await request.read()
+    if not raw:
+        raise ApiError("invalid_json", "request body is empty; a JSON object is required")
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError("invalid_json", f"request body is not valid JSON: {exc}") from None
+    validate(schema, value)
+    return value

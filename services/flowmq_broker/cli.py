@@ -1,0 +1,100 @@
+"""The ``flowmq`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from flowmq_broker.server import Broker, StartupError
+from flowmq_core.config import ALL_ROLES, BrokerConfig, ConfigError, load_config
+
+log = logging.getLogger("flowmq")
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser(
+        "serve",
+        help="run one broker (embedded defaults: SQLite meta store, local object store)",
+        description="Run one broker. Every option can also be set in a TOML file (--config) "
+        "or as a FLOWMQ_<OPTION> environment variable; flags win over both.",
+    )
+    serve.add_argument("--config", help="TOML config file (keys as the long options, with _)")
+    defaults = BrokerConfig()
+    text = {
+        "data_dir": f"data directory (default {defaults.data_dir})",
+        "node_id": "node name in the cluster (default: host name and HTTP port)",
+        "meta": "meta store URL: sqlite:///rel/path.db, sqlite:////abs/path.db, fdb://cluster-file, "
+        "memory:// (default sqlite:///<data-dir>/meta.db)",
+        "objects": "object store URL: file:///abs/dir or a path, s3://bucket?endpoint=…&region=… "
+        "(default file://<data-dir>/objects)",
+        "http_port": f"admin API and metrics port (default {defaults.http_port}; 0 = any free port)",
+        "mqtt_port": f"MQTT port (default {defaults.mqtt_port})",
+        "kafka_port": f"Kafka port (default {defaults.kafka_port})",
+        "amqp_port": f"AMQP port (default {defaults.amqp_port})",
+        "gossip_port": f"gossip (UDP) port (default {defaults.gossip_port})",
+        "cluster_port": "inter-broker link port (default 0 = any free port)",
+        "seeds": "comma-separated host:gossip-port of other brokers",
+        "roles": f"comma-separated subset of {','.join(ALL_ROLES)} (default all)",
+        "admin_token": "admin API Bearer token (default: generated once, kept in <data-dir>/admin_token)",
+        "log_level": "debug, info, warning or error (default info)",
+    }
+    for name, help_text in text.items():
+        flag = "--" + name.replace("_", "-")
+        serve.add_argument(flag, dest=name, default=None, help=help_text)
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+async def _serve(config: BrokerConfig) -> int:
+    broker = Broker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await broker.start()
+    except StartupError as exc:
+        await broker.stop()
+        print(f"flowmq: {exc}", file=sys.stderr)
+        return 1
+    log.info("admin API: http://127.0.0.1:%d/api/v1 (token file %s)", broker.ports["http"],
+             broker.data_dir / "admin_token")  # fmt: skip
+    await stop.wait()
+    log.info("shutting down")
+    await broker.stop()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="flowmq", description="FlowMQ-py broker")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    args = parser.parse_args(argv)
+
+    if args.command == "serve":
+        flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+        try:
+            config = load_config(flags, config_file=args.config)
+        except ConfigError as exc:
+            print(f"flowmq: {exc}", file=sys.stderr)
+            return 2
+        _configure_logging(config.log_level)
+        try:
+            import uvloop
+        except ImportError:  # uvloop is optional (not built for every platform)
+            return asyncio.run(_serve(config))
+        return uvloop.run(_serve(config))
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

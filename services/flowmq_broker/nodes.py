@@ -1,0 +1,76 @@
+"""This broker's entry in the meta store's node table, kept fresh by a heartbeat.
+
+The cluster issue replaces liveness by SWIM gossip; until then the table is what
+``GET /api/v1/cluster/nodes`` shows, and a node whose heartbeat is older than
+``STALE_AFTER_S`` is reported as ``down``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from flowmq_meta import keys
+from flowmq_meta.api import MetaStore
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 5.0
+STALE_AFTER_S = 3 * HEARTBEAT_S
+
+
+class NodeRegistry:
+    def __init__(self, store: MetaStore, node_id: str, info: dict[str, Any]) -> None:
+        self.store = store
+        self.node_id = node_id
+        self.info = info
+        self.started_at_ms = int(time.time() * 1000)
+        self._task: asyncio.Task[None] | None = None
+
+    async def beat(self) -> None:
+        record = {
+            **self.info,
+            "node_id": self.node_id,
+            "started_at_ms": self.started_at_ms,
+            "heartbeat_ms": int(time.time() * 1000),
+        }
+        key = keys.NODES.pack(self.node_id)
+        await self.store.transact(lambda tr: tr.set(key, json.dumps(record).encode()))
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self.beat()
+            except Exception:
+                log.exception("node heartbeat failed")
+
+    async def start(self) -> None:
+        await self.beat()
+        self._task = asyncio.create_task(self._run(), name="node-heartbeat")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        key = keys.NODES.pack(self.node_id)
+        await self.store.transact(lambda tr: tr.clear(key))
+
+    async def list(self) -> list[dict[str, Any]]:
+        begin, end = keys.NODES.range()
+        rows = await self.store.transact(lambda tr: tr.get_range(begin, end))
+        now_ms = time.time() * 1000
+        nodes = []
+        for _, raw in rows:
+            node = json.loads(raw)
+            alive = now_ms - node["heartbeat_ms"] <= STALE_AFTER_S * 1000
+            node["status"] = "up" if alive else "down"
+            node["self"] = node["node_id"] == self.node_id
+            nodes.append(node)
+        return nodes

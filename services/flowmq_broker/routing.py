@@ -1,0 +1,162 @@
+"""Destination wiring: the per-namespace routing tries and the destination-type registry.
+
+The trie holds ``Binding`` values (type, namespace, name); what a binding does with a message
+is up to its ``DestinationType``, looked up by type name, so neither this module nor the
+adapters branch on the type (DESIGN.md §5).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Awaitable, Iterable
+
+import flowmq_metrics as metrics
+from flowmq_core.errors import FlowMQError
+from flowmq_core.message import Message
+from flowmq_core.trie import RouteTrie
+from flowmq_meta.catalog import Catalog, Destination
+
+log = logging.getLogger(__name__)
+
+
+class DestinationUnavailable(FlowMQError):
+    """A message matched a destination whose storage this broker cannot serve."""
+
+    code = "destination_unavailable"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Binding:
+    """What the trie stores: a reference to a destination, cheap to hash and compare."""
+
+    type: str
+    namespace: str
+    name: str
+
+
+class DestinationType(abc.ABC):
+    """One kind of destination (Stream, Queue, Subscription …) behind one small interface."""
+
+    name: str
+    durable: bool
+
+    @abc.abstractmethod
+    def accept(self, binding: Binding, message: Message) -> Awaitable[None] | None:
+        """Take a routed message.  Returns None when done, or an awaitable that completes
+        when the message is durable (publishers acknowledge only then)."""
+
+
+class Router:
+    """Routes a canonical topic to the bindings whose filters match it."""
+
+    def __init__(self) -> None:
+        self._tries: dict[str, RouteTrie[Binding]] = {}
+        self._types: dict[str, DestinationType] = {}
+        self.version = 0
+        self._destinations: dict[Binding, Destination] = {}
+
+    def register_type(self, dest_type: DestinationType) -> None:
+        self._types[dest_type.name] = dest_type
+
+    def bind(self, binding: Binding, topic_filter: str) -> bool:
+        trie = self._tries.get(binding.namespace)
+        if trie is None:
+            trie = self._tries[binding.namespace] = RouteTrie()
+        return trie.add(topic_filter, binding)
+
+    def unbind(self, binding: Binding, topic_filter: str) -> bool:
+        trie = self._tries.get(binding.namespace)
+        return trie is not None and trie.remove(topic_filter, binding)
+
+    def match(self, namespace: str, topic: str) -> frozenset[Binding]:
+        trie = self._tries.get(namespace)
+        return frozenset() if trie is None else trie.match(topic)
+
+    def load(self, version: int, destinations: Iterable[Destination]) -> None:
+        """Make the durable bindings exactly ``destinations`` (as of metadata ``version``)."""
+        wanted = {Binding(dest.type, dest.namespace, dest.name): dest for dest in destinations}
+        for binding, old in list(self._destinations.items()):
+            new = wanted.get(binding)
+            if new is None or new.topic_filters != old.topic_filters:
+                for topic_filter in old.topic_filters:
+                    self.unbind(binding, topic_filter)
+                del self._destinations[binding]
+        for binding, dest in wanted.items():
+            if binding not in self._destinations:
+                for topic_filter in dest.topic_filters:
+                    self.bind(binding, topic_filter)
+                self._destinations[binding] = dest
+        self.version = version
+        counts: dict[str, int] = {}
+        for binding in self._destinations:
+            counts[binding.type] = counts.get(binding.type, 0) + 1
+        for type_name in {*counts, "stream", "queue"}:
+            metrics.broker_destinations.labels(type_name).set(counts.get(type_name, 0))
+
+    def destination(self, binding: Binding) -> Destination | None:
+        return self._destinations.get(binding)
+
+    def dispatch(
+        self, namespace: str, message: Message
+    ) -> tuple[frozenset[Binding], list[Awaitable[None]]]:
+        """Hand ``message`` to every matching destination; return the bindings and the
+        awaitables that complete when the durable ones have it."""
+        bindings = self.match(namespace, message.topic)
+        pending: list[Awaitable[None]] = []
+        for binding in bindings:
+            dest_type = self._types.get(binding.type)
+            if dest_type is None:
+                raise DestinationUnavailable(
+                    f"topic {message.topic!r} matches {binding.type} {binding.name!r}, "
+                    f"but this broker does not serve {binding.type}s yet"
+                )
+        for binding in bindings:
+            result = self._types[binding.type].accept(binding, message)
+            if result is not None:
+                pending.append(result)
+        metrics.broker_messages_published_count.labels(namespace).inc()
+        if bindings:
+            metrics.broker_messages_dispatched_count.labels(namespace).inc(len(bindings))
+        return bindings, pending
+
+
+class CatalogSync:
+    """Keeps a Router's durable bindings equal to the catalog.
+
+    Until gossip exists (cluster issue) this polls the global metadata version — one small
+    read per interval — and reloads when it moved; local admin changes call ``refresh``
+    directly so they route at once.
+    """
+
+    def __init__(self, catalog: Catalog, router: Router, interval: float = 1.0) -> None:
+        self.catalog = catalog
+        self.router = router
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    async def refresh(self) -> None:
+        version, destinations = await self.catalog.snapshot()
+        if version != self.router.version or not self.router.version:
+            self.router.load(version, destinations)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.refresh()
+            except Exception:  # keep routing on the last good table; log and retry
+                log.exception("catalog refresh failed")
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="catalog-sync")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass

@@ -1,0 +1,172 @@
+"""One broker process: meta store, object store, routing, listeners, admin API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+import flowmq_metrics as metrics
+from flowmq_admin.app import create_app
+from flowmq_broker.admin_token import load_or_create_token
+from flowmq_broker.nodes import NodeRegistry
+from flowmq_broker.routing import CatalogSync, Router
+from flowmq_core.config import BrokerConfig
+from flowmq_core.message import Message
+from flowmq_meta import open_meta_store
+from flowmq_meta.api import MetaError, MetaStore
+from flowmq_meta.catalog import Catalog, Destination
+from flowmq_objstore import open_object_store
+from flowmq_objstore.api import ObjectStore, ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+# Protocol listeners by role.  A role whose adapter is not built yet has no entry: its
+# listener is simply not started (issues #3, #4, #5 add them).
+LISTENERS: dict[str, Any] = {}
+
+
+class StartupError(Exception):
+    """A problem that stops the broker from starting; its message is one clear line."""
+
+
+def _check_data_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(f"cannot create data dir {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StartupError(f"data dir {path} is not writable")
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config.resolved()
+        self.data_dir = Path(self.config.data_dir)
+        self.meta: MetaStore | None = None
+        self.objects: ObjectStore | None = None
+        self.router = Router()
+        self.catalog: Catalog | None = None
+        self.sync: CatalogSync | None = None
+        self.nodes_registry: NodeRegistry | None = None
+        self.ports: dict[str, int] = {}
+        self.node_id = self.config.node_id
+        self.admin_token = ""
+        self.token_generated = False
+        self._runner: web.AppRunner | None = None
+        self._stopped = asyncio.Event()
+
+    # --- AdminBackend ---------------------------------------------------------------
+    def route(self, namespace: str, topic: str) -> list[Destination]:
+        found = (self.router.destination(b) for b in self.router.match(namespace, topic))
+        return [dest for dest in found if dest is not None]
+
+    async def publish(self, namespace: str, message: Message) -> list[Destination]:
+        bindings, pending = self.router.dispatch(namespace, message)
+        if pending:
+            await asyncio.gather(*pending)
+        found = (self.router.destination(b) for b in bindings)
+        return [dest for dest in found if dest is not None]
+
+    def subscriptions(self) -> list[dict[str, Any]]:
+        return []  # memory-push Subscriptions arrive with the MQTT adapter (issue #3)
+
+    async def nodes(self) -> list[dict[str, Any]]:
+        assert self.nodes_registry is not None
+        return await self.nodes_registry.list()
+
+    async def metadata_changed(self) -> None:
+        assert self.sync is not None
+        await self.sync.refresh()
+
+    # --- life cycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        cfg = self.config
+        _check_data_dir(self.data_dir)
+        try:
+            self.meta = open_meta_store(cfg.meta)
+            self.objects = open_object_store(cfg.objects, on_request=metrics.record_object_request)
+        except (MetaError, ObjectStoreError) as exc:
+            raise StartupError(str(exc)) from None
+        self.catalog = Catalog(self.meta)
+        try:
+            await self.catalog.ensure_namespace()
+        except MetaError as exc:
+            raise StartupError(f"meta store {cfg.meta}: {exc}") from None
+        self.sync = CatalogSync(self.catalog, self.router)
+        await self.sync.refresh()
+        self.sync.start()
+
+        self.admin_token, self.token_generated = load_or_create_token(
+            cfg.admin_token, self.data_dir
+        )
+        if self.token_generated:
+            print(
+                f"flowmq: generated admin token {self.admin_token} "
+                f"(kept in {self.data_dir / 'admin_token'}; shown only this once)",
+                flush=True,
+            )
+        await self._start_http()
+        for role in cfg.roles:
+            if role == "admin":
+                continue
+            if role not in LISTENERS:
+                log.info("%s listener: not built yet in this version; not started", role)
+        if not self.node_id:
+            self.node_id = f"{socket.gethostname()}-{self.ports['http']}"
+        self.nodes_registry = NodeRegistry(
+            self.meta, self.node_id, {"roles": cfg.roles, "ports": self.ports}
+        )
+        await self.nodes_registry.start()
+        self._write_ports()
+        log.info(
+            "node %s ready: %s", self.node_id, ", ".join(f"{k}={v}" for k, v in self.ports.items())
+        )
+
+    async def _start_http(self) -> None:
+        app = create_app(self, self.admin_token, admin="admin" in self.config.roles)
+        # A topic in a publish URL may be 65535 bytes (MQTT's limit), percent-encoded three
+        # times that; aiohttp's default 8 KiB request line would refuse it outside our envelope.
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, max_line_size=256 * 1024
+        )
+        await self._runner.setup()
+        # One IPv4 socket: with host=None asyncio binds IPv4 and IPv6 separately, and port 0
+        # would then give two different ports.
+        site = web.TCPSite(self._runner, "0.0.0.0", self.config.http_port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise StartupError(
+                f"cannot listen on HTTP port {self.config.http_port}: {exc.strerror}"
+            ) from None
+        self.ports["http"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def _write_ports(self) -> None:
+        path = self.data_dir / "ports.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps({"node_id": self.node_id, **self.ports}, indent=2) + "\n")
+        os.replace(tmp, path)
+
+    async def stop(self) -> None:
+        if self.sync is not None:
+            await self.sync.stop()
+        if self.nodes_registry is not None:
+            try:
+                await self.nodes_registry.stop()
+            except Exception:
+                log.exception("could not remove node entry")
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.objects is not None:
+            await self.objects.close()
+        if self.meta is not None:
+            await self.meta.close()
+        self._stopped.set()

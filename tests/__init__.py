@@ -1,0 +1,1 @@
+"""FlowMQ-py test suite (a package so shared fixtures import as ``tests.fixtures``)."""

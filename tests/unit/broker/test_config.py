@@ -1,0 +1,63 @@
+import pytest
+
+from flowmq_core.config import BrokerConfig, ConfigError, load_config
+
+
+def test_defaults_are_the_embedded_profile():
+    cfg = load_config({}, env={}).resolved()
+    assert cfg.http_port == 8080 and cfg.mqtt_port == 1883 and cfg.kafka_port == 9092
+    assert cfg.amqp_port == 5672 and cfg.gossip_port == 7946
+    assert cfg.meta == "sqlite:///data/meta.db"
+    assert cfg.objects.startswith("file:///") and cfg.objects.endswith("/data/objects")
+    assert cfg.roles == ["mqtt", "kafka", "amqp", "admin"]
+
+
+def test_flags_beat_env_which_beats_file(tmp_path):
+    config_file = tmp_path / "flowmq.toml"
+    config_file.write_text(
+        'http_port = 1000\nmqtt_port = 1001\nkafka-port = 1002\nroles = ["mqtt"]\n'
+    )
+    env = {"FLOWMQ_MQTT_PORT": "2001", "FLOWMQ_KAFKA_PORT": "2002"}
+    cfg = load_config({"kafka_port": "3002"}, env=env, config_file=str(config_file))
+    assert (cfg.http_port, cfg.mqtt_port, cfg.kafka_port) == (1000, 2001, 3002)
+    assert cfg.roles == ["mqtt"]
+
+
+def test_config_file_from_env(tmp_path):
+    config_file = tmp_path / "c.toml"
+    config_file.write_text('node_id = "n1"\nseeds = "a:1, b:2"\n')
+    cfg = load_config({}, env={"FLOWMQ_CONFIG": str(config_file)})
+    assert cfg.node_id == "n1" and cfg.seeds == ["a:1", "b:2"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"http_port": "eighty"}, "--http-port"),
+        ({"http_port": "70000"}, "http_port must be 0..65535"),
+        ({"roles": "mqtt,smtp"}, "roles must be a non-empty subset"),
+        ({"log_level": "loud"}, "log_level"),
+    ],
+)
+def test_bad_values_are_named(flags, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(flags, env={})
+
+
+def test_unknown_file_key_and_bad_toml(tmp_path):
+    bad_key = tmp_path / "a.toml"
+    bad_key.write_text("htp_port = 1\n")
+    with pytest.raises(ConfigError, match="unknown key 'htp_port'"):
+        load_config({}, env={}, config_file=str(bad_key))
+    bad_toml = tmp_path / "b.toml"
+    bad_toml.write_text("http_port = = 1\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config({}, env={}, config_file=str(bad_toml))
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config({}, env={}, config_file=str(tmp_path / "missing.toml"))
+
+
+def test_absolute_data_dir_gives_absolute_urls():
+    cfg = BrokerConfig(data_dir="/var/lib/flowmq").resolved()
+    assert cfg.meta == "sqlite:////var/lib/flowmq/meta.db"
+    assert cfg.objects == "file:///var/lib/flowmq/objects"

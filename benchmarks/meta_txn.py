@@ -1,12 +1,15 @@
 """Meta-store transaction rate: a small read-modify-write (get a counter, set it + 1, plus one
 small set) — the shape of a stream flush or an offset commit.
 
-Runs the SQLite backend in one process and in two processes on the same file (total rate),
-for each BEGIN mode and synchronous setting, plus the memory backend for reference, and prints
-a table.  The two-process runs also check that no increment was lost.
+Table 1: the SQLite backend in one process and in two processes on the same file (total
+rate), for each BEGIN mode and synchronous setting, plus the memory backend for reference.
+The multi-process runs check afterwards that no increment was lost.
+Table 2: one process doing those writes while another runs read-only transactions (two
+gets) on the same file — what BEGIN IMMEDIATE costs readers.
 
-    python benchmarks/meta_txn.py                    # everything, ~3 s per row
+    python benchmarks/meta_txn.py                    # everything, ~90 s
     python benchmarks/meta_txn.py --duration 1 --begin adaptive --synchronous FULL
+    python benchmarks/meta_txn.py --repeat 5         # median of 5 interleaved runs per row
 """
 
 from __future__ import annotations
@@ -15,31 +18,38 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
-from flowmq_meta import MetaStore, decode_int, encode_int, open_meta_store
+from flowmq_meta import MetaStore, Transaction, decode_int, encode_int, open_meta_store
 from flowmq_meta.keys import SETTINGS, STREAM_HWM
 
 COUNTER = STREAM_HWM.pack("bench", "stream", 0)
 
 
-def _txn(tag: str):  # noqa: ANN202 - returns a transaction function
+def _txn(role: str, tag: str) -> Callable[[Transaction], object]:
     other = SETTINGS.pack(f"bench-{tag}")
 
-    def fn(tr) -> int:  # noqa: ANN001
+    def rmw(tr: Transaction) -> int:
         value = decode_int(tr.get(COUNTER)) + 1
         tr.set(COUNTER, encode_int(value))
         tr.set(other, b"x" * 32)
         return value
 
-    return fn
+    def read(tr: Transaction) -> tuple[bytes | None, bytes | None]:
+        return tr.get(COUNTER), tr.get(other)
+
+    return rmw if role == "rmw" else read
 
 
-async def _run(store: MetaStore, tag: str, start_at: float, duration: float, tasks: int) -> int:
-    fn = _txn(tag)
+async def _run(
+    store: MetaStore, role: str, tag: str, start_at: float, duration: float, tasks: int
+) -> int:
+    fn = _txn(role, tag)
     await asyncio.sleep(max(0.0, start_at - time.time()))
     stop = time.time() + duration
     count = 0
@@ -54,18 +64,15 @@ async def _run(store: MetaStore, tag: str, start_at: float, duration: float, tas
     return count
 
 
-async def _one(url: str, tag: str, start_at: float, duration: float, tasks: int) -> tuple[int, int]:
+async def _one(
+    url: str, role: str, tag: str, start_at: float, duration: float, tasks: int
+) -> dict[str, int]:
     store = open_meta_store(url)
     try:
-        return await _run(store, tag, start_at, duration, tasks), getattr(store, "conflicts", 0)
+        count = await _run(store, role, tag, start_at, duration, tasks)
+        return {"count": count, "conflicts": getattr(store, "conflicts", 0)}
     finally:
         await store.close()
-
-
-def _worker_main(argv: list[str]) -> None:
-    url, tag, start_at, duration, tasks = argv
-    count, conflicts = asyncio.run(_one(url, tag, float(start_at), float(duration), int(tasks)))
-    print(json.dumps({"count": count, "conflicts": conflicts}))
 
 
 def _counter(url: str) -> int:
@@ -79,43 +86,37 @@ def _counter(url: str) -> int:
     return asyncio.run(read())
 
 
-def bench_processes(
-    url: str, processes: int, duration: float, tasks: int
-) -> tuple[float, float, str]:
+def run_processes(url: str, roles: list[str], duration: float, tasks: int) -> list[dict]:
+    """One process per role, all starting at the same moment; their counts, plus whether the
+    counter equals the number of committed increments."""
     start_at = time.time() + 1.5  # let every process import and open first
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--worker",
-                url,
-                f"p{i}",
-                str(start_at),
-                str(duration),
-                str(tasks),
-            ],
+            [sys.executable, __file__, "--worker", url, role, f"p{i}", str(start_at),
+             str(duration), str(tasks)],
             stdout=subprocess.PIPE,
             text=True,
         )
-        for i in range(processes)
-    ]
-    total = conflicts = 0
+        for i, role in enumerate(roles)
+    ]  # fmt: skip
+    results = []
     for proc in procs:
         out, _ = proc.communicate(timeout=duration + 60)
         if proc.returncode != 0:
             raise SystemExit(f"worker failed with exit code {proc.returncode}")
-        result = json.loads(out.strip().splitlines()[-1])
-        total += result["count"]
-        conflicts += result["conflicts"]
-    counter = _counter(url)
-    check = "ok" if counter == total else f"LOST {total - counter}"
-    return total / duration, conflicts / max(total, 1), check
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    increments = sum(r["count"] for r, role in zip(results, roles, strict=True) if role == "rmw")
+    lost = increments - _counter(url)
+    for r in results:
+        r["lost"] = lost
+    return results
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _worker_main(sys.argv[2:])
+        url, role, tag, start_at, duration, tasks = sys.argv[2:]
+        result = asyncio.run(_one(url, role, tag, float(start_at), float(duration), int(tasks)))
+        print(json.dumps(result))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=3.0)
@@ -123,44 +124,66 @@ def main() -> None:
     parser.add_argument("--begin", nargs="*", default=["deferred", "immediate", "adaptive"])
     parser.add_argument("--synchronous", nargs="*", default=["FULL", "NORMAL"])
     parser.add_argument("--processes", nargs="*", type=int, default=[1, 2])
+    parser.add_argument("--no-mix", action="store_true", help="skip the writer + reader table")
     parser.add_argument("--dir", default=None, help="where to put the database files")
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs per row, interleaved; the median is shown"
     )
     args = parser.parse_args()
+    d = args.duration
 
-    rows: list[tuple[str, str, str, int, float, float, str]] = []
-    count, _ = asyncio.run(_one("memory://", "m", time.time(), args.duration, args.tasks))
-    rate = count / args.duration
-    rows.append(("memory", "-", "-", 1, rate, 0.0, "-"))
-    print(f"memory: {rate:,.0f} txn/s", file=sys.stderr)
-    configs = [(s, b, n) for s in args.synchronous for b in args.begin for n in args.processes]
-    results: dict[tuple[str, str, int], list[tuple[float, float, str]]] = {c: [] for c in configs}
+    memory = asyncio.run(_one("memory://", "rmw", "m", time.time(), d, args.tasks))
+    rmw_rows = [(sync, begin, n) for sync in args.synchronous for begin in args.begin
+                for n in args.processes]  # fmt: skip
+    mix_rows = [] if args.no_mix else [(s, b) for s in args.synchronous for b in args.begin]
+    rmw: dict[tuple, list[tuple[float, float]]] = {row: [] for row in rmw_rows}
+    mix: dict[tuple, list[tuple[float, float]]] = {row: [] for row in mix_rows}
+    lost = 0
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        # Interleave the repetitions so a burst of disk load from elsewhere hits every row.
+        # Interleave repetitions so a burst of disk load from elsewhere hits every row alike.
         for rep in range(args.repeat):
-            for sync, begin, n in configs:
-                path = os.path.join(tmp, f"{sync}-{begin}-{n}-{rep}.db")
-                url = f"sqlite:///{path}?begin={begin}&synchronous={sync}"
-                rate, reruns, check = bench_processes(url, n, args.duration, args.tasks)
-                results[(sync, begin, n)].append((rate, reruns, check))
-                print(f"sqlite {begin} {sync} x{n}: {rate:,.0f} txn/s {check}", file=sys.stderr)
-    for (sync, begin, n), runs in results.items():
-        runs.sort()
-        rate, reruns, _ = runs[len(runs) // 2]
-        check = "ok" if all(r[2] == "ok" for r in runs) else "LOST"
-        rows.append(("sqlite", begin, sync, n, rate, reruns, check))
+            for sync, begin, n in rmw_rows:
+                url = (
+                    f"sqlite:///{tmp}/{sync}-{begin}-{n}-{rep}.db?begin={begin}&synchronous={sync}"
+                )
+                res = run_processes(url, ["rmw"] * n, d, args.tasks)
+                total = sum(r["count"] for r in res)
+                reruns = sum(r["conflicts"] for r in res) / max(total, 1)
+                rmw[(sync, begin, n)].append((total / d, reruns))
+                lost += res[0]["lost"]
+                print(f"rmw {sync} {begin} x{n}: {total / d:,.0f}/s", file=sys.stderr)
+            for sync, begin in mix_rows:
+                url = (
+                    f"sqlite:///{tmp}/mix-{sync}-{begin}-{rep}.db?begin={begin}&synchronous={sync}"
+                )
+                writer, reader = run_processes(url, ["rmw", "read"], d, args.tasks)
+                mix[(sync, begin)].append((writer["count"] / d, reader["count"] / d))
+                lost += writer["lost"]
+                print(f"mix {sync} {begin}: {writer['count'] / d:,.0f}/s", file=sys.stderr)
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
 
     print(
-        f"\nsmall read-modify-write transaction, {args.duration:g} s per run, median of "
-        f"{args.repeat}, {args.tasks} concurrent per process, {os.cpu_count()} CPUs"
+        f"\nsmall read-modify-write transactions, {d:g} s per run, median of {args.repeat}, "
+        f"{args.tasks} in flight per process, {os.cpu_count()} CPUs"
     )
     print(
-        f"{'backend':8} {'begin':10} {'sync':7} {'procs':>5} {'txn/s (total)':>14} "
-        f"{'reruns/txn':>10}  lost?"
+        f"{'backend':8} {'sync':7} {'begin':10} {'procs':>5} {'txn/s total':>12} {'reruns/txn':>11}"
     )
-    for backend, begin, sync, n, rate, reruns, check in rows:
-        print(f"{backend:8} {begin:10} {sync:7} {n:>5} {rate:>14,.0f} {reruns:>10.2f}  {check}")
+    print(f"{'memory':8} {'-':7} {'-':10} {1:>5} {memory['count'] / d:>12,.0f} {0:>11.2f}")
+    for (sync, begin, n), runs in rmw.items():
+        rate, reruns = median([r[0] for r in runs]), median([r[1] for r in runs])
+        print(f"{'sqlite':8} {sync:7} {begin:10} {n:>5} {rate:>12,.0f} {reruns:>11.2f}")
+    if mix:
+        print("\none writer process (read-modify-write) + one reader process (two gets)")
+        print(f"{'sync':7} {'begin':10} {'writes/s':>10} {'reads/s':>10}")
+        for (sync, begin), runs in mix.items():
+            w, r = median([x[0] for x in runs]), median([x[1] for x in runs])
+            print(f"{sync:7} {begin:10} {w:>10,.0f} {r:>10,.0f}")
+    print(f"\nlost increments across all multi-process runs: {lost}")
+    if lost:
+        raise SystemExit("LOST UPDATES: the store is not serializable")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def open_meta_store(url: str) -> MetaStore:
     if scheme == "memory":
         from flowmq_meta.memory import MemoryMetaStore
 
-        if url.rstrip("/") != "memory:":
+        if url.lower().rstrip("/") != "memory:":
             raise MetaError(f"malformed meta store URL {url!r}: memory:// takes no path")
         return MemoryMetaStore(url)
     if scheme == "sqlite":

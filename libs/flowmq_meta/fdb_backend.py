@@ -192,7 +192,7 @@ class FdbMetaStore(MetaStore):
     @classmethod
     def from_url(cls, url: str) -> FdbMetaStore:
         prefix = "fdb://"
-        if not url.startswith(prefix):
+        if not url.lower().startswith(prefix):
             raise MetaError(f"malformed meta store URL {url!r}: expected fdb://[cluster file]")
         return cls(url[len(prefix) :] or None, url=url)
 

@@ -14,19 +14,26 @@ reads go straight to SQLite, writes are applied inside the open transaction (rea
 writes), and any SQLITE_BUSY/LOCKED rolls back and reruns ``fn`` after a jittered backoff.
 ``add`` is a read-modify-write inside the transaction.
 
-``BEGIN`` mode (``begin=`` URL option), measured with ``benchmarks/meta_txn.py``:
+``BEGIN`` mode (``begin=`` URL option):
 - ``deferred``: plain BEGIN.  Read-only transactions never take the write lock; a writer that
-  loses a race finds out at its first write and reruns.  Under multi-process contention most
-  attempts lose and spin through backoff.
+  loses a race finds out at its first write and reruns, and may keep losing (no queueing).
 - ``immediate``: BEGIN IMMEDIATE takes the write lock up front and waits for it in SQLite's
-  busy handler — no reruns, but read-only transactions also serialize on the lock.
+  busy handler — no reruns, but read-only transactions serialize on the lock too.
 - ``adaptive`` (default): the first attempt is deferred, every rerun is IMMEDIATE.  Readers
   stay concurrent, and a writer that lost once queues on the lock instead of losing again.
-See the numbers in ``DEFAULT_BEGIN``'s comment.
+Measured with ``benchmarks/meta_txn.py`` (2 CPUs, ext4 on virtio, median of 3 x 3 s; the
+transaction gets a counter, sets it + 1 and sets one small key):
+- writers only, FULL: all three modes ~4.6-5.0k txn/s in one process, ~5.1-5.3k total with
+  two processes (bound by the fsync); NORMAL: ~11k and ~13-14k; differences are within noise,
+  and reruns stay under 0.05 per transaction.
+- one writer process + one read-only process (FULL): deferred 5.6k writes/s + 26k reads/s,
+  adaptive 5.7k + 27k, immediate 4.8k + 0.96k — IMMEDIATE starves readers.
+Hence adaptive: the readers' behaviour of deferred with a bound on repeated losses.
 
 Durability.  ``synchronous=FULL`` (default): the WAL is fsynced at every commit, so a
 transaction that returned survives an OS crash or power loss, which acknowledged messages
-require.  ``NORMAL`` in WAL mode survives a process crash (SIGKILL) but may lose the last
+require.  It costs about 100 us per commit here (5k vs 11k txn/s single-process with
+``NORMAL``).  ``NORMAL`` in WAL mode survives a process crash (SIGKILL) but may lose the last
 commits on an OS crash; it is accepted as a URL option for tests and benchmarks only.
 
 Watches.  Other processes' commits are invisible to this process, so watched keys are polled
@@ -67,7 +74,7 @@ T = TypeVar("T")
 
 BEGIN_MODES = ("deferred", "immediate", "adaptive")
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
-# See the module docstring and benchmarks/meta_txn.py for the measurements behind this.
+# See the module docstring for the measurements behind this choice.
 DEFAULT_BEGIN = "adaptive"
 
 _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
@@ -195,7 +202,7 @@ class SqliteMetaStore(MetaStore):
         """``sqlite:///relative.db`` or ``sqlite:////absolute.db`` (SQLAlchemy's convention),
         optionally ``?synchronous=FULL&begin=adaptive&busy_timeout=5&poll_interval=0.05``."""
         prefix = "sqlite:///"
-        if not url.startswith(prefix):
+        if not url.lower().startswith(prefix):
             raise MetaError(
                 f"malformed meta store URL {url!r}: expected sqlite:///relative/path.db "
                 "or sqlite:////absolute/path.db"
@@ -206,10 +213,15 @@ class SqliteMetaStore(MetaStore):
         options: dict[str, Any] = {}
         for name, value in parse_qsl(query, keep_blank_values=True):
             try:
-                if name in ("synchronous", "begin"):
-                    options[name] = value.upper() if name == "synchronous" else value.lower()
+                if name == "synchronous" and value.upper() in SYNCHRONOUS_MODES:
+                    options[name] = value.upper()
+                elif name == "begin" and value.lower() in BEGIN_MODES:
+                    options[name] = value.lower()
                 elif name in ("busy_timeout", "retry_timeout", "poll_interval"):
                     options[name] = float(value)
+                elif name in ("synchronous", "begin"):
+                    choices = SYNCHRONOUS_MODES if name == "synchronous" else BEGIN_MODES
+                    raise MetaError(f"{name} must be one of {', '.join(choices)}")
                 else:
                     raise MetaError(f"unknown option {name!r}")
             except (ValueError, MetaError) as exc:

@@ -53,16 +53,25 @@ def fdb_skip_reason() -> str | None:
     return None
 
 
-BACKENDS = ["memory", "sqlite", pytest.param("fdb", marks=pytest.mark.fdb)]
+# fdb-fake runs the FdbMetaStore adapter over a stand-in for the bindings (see
+# fake_fdb_for_meta.py); fdb is the real thing.
+BACKENDS = ["memory", "sqlite", "fdb-fake", pytest.param("fdb", marks=pytest.mark.fdb)]
 
 
 @pytest.fixture(params=BACKENDS)
-async def store(request: pytest.FixtureRequest, tmp_path) -> MetaStore:
+async def store(request: pytest.FixtureRequest, tmp_path, monkeypatch) -> MetaStore:
     backend = request.param
     if backend == "memory":
         s = open_meta_store("memory://")
     elif backend == "sqlite":
         s = open_meta_store(f"sqlite:///{tmp_path}/meta.db")
+    elif backend == "fdb-fake":
+        import fake_fdb_for_meta
+
+        from flowmq_meta import fdb_backend
+
+        monkeypatch.setattr(fdb_backend, "load_fdb", lambda: fake_fdb_for_meta)
+        s = open_meta_store("fdb://")
     else:
         reason = fdb_skip_reason()
         if reason:

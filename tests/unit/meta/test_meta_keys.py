@@ -63,10 +63,26 @@ def test_subspaces_are_disjoint() -> None:
     for a in raws:
         for b in raws:
             assert a == b or not b.startswith(a), (a, b)
-    for name in ("CHANGELOG", "NAMESPACES", "DESTINATIONS", "ROUTES", "STREAM_INDEX",
-                 "STREAM_HWM", "GROUP_OFFSETS", "QUEUE_READY", "QUEUE_INFLIGHT", "QUEUE_DEAD",
-                 "RETAINED", "SESSIONS", "USERS", "ACLS", "OBJECT_REFS", "OBJECTS_TO_DELETE",
-                 "NODES", "SETTINGS"):
+    for name in (
+        "CHANGELOG",
+        "NAMESPACES",
+        "DESTINATIONS",
+        "ROUTES",
+        "STREAM_INDEX",
+        "STREAM_HWM",
+        "GROUP_OFFSETS",
+        "QUEUE_READY",
+        "QUEUE_INFLIGHT",
+        "QUEUE_DEAD",
+        "RETAINED",
+        "SESSIONS",
+        "USERS",
+        "ACLS",
+        "OBJECT_REFS",
+        "OBJECTS_TO_DELETE",
+        "NODES",
+        "SETTINGS",
+    ):
         assert isinstance(getattr(keys, name), Subspace)
 
 

@@ -111,7 +111,7 @@ def test_bad_urls(url: str, tmp_path, monkeypatch) -> None:
         open_meta_store(url)
     message = str(info.value)
     assert "\n" not in message and len(message) < 300
-    assert repr(url) in message or "must be one of" in message
+    assert repr(url) in message
 
 
 def test_fdb_missing_cluster_file(tmp_path) -> None:

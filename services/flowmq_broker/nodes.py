@@ -7,16 +7,13 @@ The cluster issue replaces liveness by SWIM gossip; until then the table is what
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import time
 from typing import Any
 
+from flowmq_core.periodic import PeriodicTask
 from flowmq_meta import keys
 from flowmq_meta.api import MetaStore
-
-log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 5.0
 STALE_AFTER_S = 3 * HEARTBEAT_S
@@ -28,7 +25,7 @@ class NodeRegistry:
         self.node_id = node_id
         self.info = info
         self.started_at_ms = int(time.time() * 1000)
-        self._task: asyncio.Task[None] | None = None
+        self._heartbeat = PeriodicTask("node-heartbeat", HEARTBEAT_S, self.beat)
 
     async def beat(self) -> None:
         record = {
@@ -40,25 +37,12 @@ class NodeRegistry:
         key = keys.NODES.pack(self.node_id)
         await self.store.transact(lambda tr: tr.set(key, json.dumps(record).encode()))
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_S)
-            try:
-                await self.beat()
-            except Exception:
-                log.exception("node heartbeat failed")
-
     async def start(self) -> None:
         await self.beat()
-        self._task = asyncio.create_task(self._run(), name="node-heartbeat")
+        self._heartbeat.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await self._heartbeat.stop()
         key = keys.NODES.pack(self.node_id)
         await self.store.transact(lambda tr: tr.clear(key))
 

@@ -8,18 +8,15 @@ adapters branch on the type (DESIGN.md §5).
 from __future__ import annotations
 
 import abc
-import asyncio
 import dataclasses
-import logging
 from collections.abc import Awaitable, Iterable
 
 import flowmq_metrics as metrics
 from flowmq_core.errors import FlowMQError
 from flowmq_core.message import Message
+from flowmq_core.periodic import PeriodicTask
 from flowmq_core.trie import RouteTrie
 from flowmq_meta.catalog import Catalog, Destination
-
-log = logging.getLogger(__name__)
 
 
 class DestinationUnavailable(FlowMQError):
@@ -134,29 +131,15 @@ class CatalogSync:
     def __init__(self, catalog: Catalog, router: Router, interval: float = 1.0) -> None:
         self.catalog = catalog
         self.router = router
-        self.interval = interval
-        self._task: asyncio.Task[None] | None = None
+        self._poll = PeriodicTask("catalog-sync", interval, self.refresh)
 
     async def refresh(self) -> None:
         version, destinations = await self.catalog.snapshot()
         if version != self.router.version or not self.router.version:
             self.router.load(version, destinations)
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.refresh()
-            except Exception:  # keep routing on the last good table; log and retry
-                log.exception("catalog refresh failed")
-
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="catalog-sync")
+        self._poll.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await self._poll.stop()

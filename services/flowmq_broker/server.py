@@ -15,6 +15,7 @@ from aiohttp import web
 import flowmq_metrics as metrics
 from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
+from flowmq_broker.mqtt.server import MqttServer
 from flowmq_broker.nodes import NodeRegistry
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_core.config import BrokerConfig
@@ -27,9 +28,8 @@ from flowmq_objstore.api import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
-# Protocol listeners by role.  A role whose adapter is not built yet has no entry: its
-# listener is simply not started (issues #3, #4, #5 add them).
-LISTENERS: dict[str, Any] = {}
+# Protocol adapters built so far; a role whose adapter is not built yet is not started.
+BUILT_ROLES = ("mqtt", "admin")
 
 
 class StartupError(Exception):
@@ -60,6 +60,7 @@ class Broker:
         self.admin_token = ""
         self.token_generated = False
         self._runner: web.AppRunner | None = None
+        self.mqtt: MqttServer | None = None
         self._stopped = asyncio.Event()
 
     # --- AdminBackend ---------------------------------------------------------------
@@ -75,7 +76,7 @@ class Broker:
         return [dest for dest in found if dest is not None]
 
     def subscriptions(self) -> list[dict[str, Any]]:
-        return []  # memory-push Subscriptions arrive with the MQTT adapter (issue #3)
+        return self.mqtt.subscriptions_view() if self.mqtt is not None else []
 
     async def nodes(self) -> list[dict[str, Any]]:
         assert self.nodes_registry is not None
@@ -113,13 +114,13 @@ class Broker:
                 flush=True,
             )
         await self._start_http()
-        for role in cfg.roles:
-            if role == "admin":
-                continue
-            if role not in LISTENERS:
-                log.info("%s listener: not built yet in this version; not started", role)
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{self.ports['http']}"
+        if "mqtt" in cfg.roles:
+            await self._start_mqtt()
+        for role in cfg.roles:
+            if role not in BUILT_ROLES:
+                log.info("%s listener: not built yet in this version; not started", role)
         self.nodes_registry = NodeRegistry(
             self.meta, self.node_id, {"roles": cfg.roles, "ports": self.ports}
         )
@@ -149,6 +150,16 @@ class Broker:
             ) from None
         self.ports["http"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
+    async def _start_mqtt(self) -> None:
+        assert self.meta is not None and self.objects is not None
+        self.mqtt = MqttServer(self.router, self.meta, self.objects, node_id=self.node_id)
+        try:
+            self.ports["mqtt"] = await self.mqtt.start(self.config.mqtt_port)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on MQTT port {self.config.mqtt_port}: {exc.strerror}"
+            ) from None
+
     def _write_ports(self) -> None:
         path = self.data_dir / "ports.json"
         tmp = path.with_suffix(".json.tmp")
@@ -156,6 +167,8 @@ class Broker:
         os.replace(tmp, path)
 
     async def stop(self) -> None:
+        if self.mqtt is not None:
+            await self.mqtt.stop()
         if self.sync is not None:
             await self.sync.stop()
         if self.nodes_registry is not None:

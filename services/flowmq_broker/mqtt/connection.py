@@ -1,0 +1,713 @@
+"""One MQTT client connection: an asyncio Protocol (DESIGN.md §11).
+
+Every complete packet of a ``data_received`` call is handled in one loop; everything written
+during that loop iteration — acks, and deliveries made by other connections' publishes — is
+joined into one ``transport.write`` per connection by a single scheduled flush.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+from collections import deque
+from typing import Any
+
+import flowmq_metrics as metrics
+from flowmq_broker.mqtt.server import MqttServer, now_ms, session_enqueue
+from flowmq_broker.mqtt.session import NEVER_EXPIRES, Outgoing, Session, Subscription
+from flowmq_broker.routing import DestinationUnavailable
+from flowmq_core.errors import InvalidFilter, InvalidTopic
+from flowmq_core.message import Message
+from flowmq_core.topics import parse_shared, validate_subscription_filter, validate_topic
+from flowmq_meta.catalog import DEFAULT_NAMESPACE
+from flowmq_wire.mqtt import reason_codes as rc
+from flowmq_wire.mqtt.codec import MqttDecoder, PreparedPublish, encode, encode_publish
+from flowmq_wire.mqtt.errors import MqttCodecError, UnsupportedProtocolVersion
+from flowmq_wire.mqtt.packets import (
+    Auth,
+    Connack,
+    Connect,
+    Disconnect,
+    Pingreq,
+    Pingresp,
+    Puback,
+    Pubcomp,
+    Publish,
+    Pubrec,
+    Pubrel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+)
+
+log = logging.getLogger(__name__)
+
+SERVER_RECEIVE_MAXIMUM = 1024
+SERVER_TOPIC_ALIAS_MAXIMUM = 64
+CONNECT_TIMEOUT_S = 30.0
+# Past this many bytes waiting in the socket buffer a QoS 0 delivery is dropped (and counted):
+# a subscriber that stops reading must not grow the broker's memory without bound.
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+_PASSTHROUGH = ("payload_format_indicator", "response_topic", "correlation_data")
+
+
+class MqttConnection(asyncio.Protocol):
+    def __init__(self, server: MqttServer) -> None:
+        self.server = server
+        self.namespace = DEFAULT_NAMESPACE
+        self.decoder = MqttDecoder(server=True, max_packet_size=server.max_packet_size)
+        self.transport: asyncio.Transport | None = None
+        self.level = 4
+        self.session: Session | None = None
+        self.client_id = ""
+        self.username: str | None = None
+        self.closing = False
+        self.will: Any = None
+        self.keep_alive = 0
+        self.last_rx = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self.client_receive_maximum = 65535
+        self.client_max_packet: int | None = None
+        self.client_alias_maximum = 0
+        self.out_aliases: dict[str, int] = {}
+        self.in_aliases: dict[int, str] = {}
+        self._acks: deque[list[Any]] = deque()  # [future or None, ack packet builder]
+        self._loop = asyncio.get_running_loop()
+
+    # --- transport --------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connections.add(self)
+        self.last_rx = self._loop.time()
+        self._timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
+
+    def _connect_timeout(self) -> None:
+        if self.session is None:
+            self.close()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_rx = self._loop.time()
+        try:
+            packets = self.decoder.feed(data)
+        except MqttCodecError as exc:
+            for packet in exc.packets:
+                if self.closing:
+                    return
+                self._handle(packet)
+            self._codec_error(exc)
+            return
+        for packet in packets:
+            if self.closing:
+                return
+            self._handle(packet)
+
+    def write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self._out))
+        self._out.clear()
+
+    def send(self, packet: Any) -> None:
+        self.write(encode(packet, self.level))
+
+    def close(self) -> None:
+        """Flush what is pending, then close."""
+        if self.closing:
+            return
+        self.closing = True
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def disconnect(self, reason: int, message: str = "") -> None:
+        """End the connection as the protocol says: DISCONNECT (v5) or just close (3.1.1)."""
+        if self.closing:
+            return
+        if message:
+            log.info("mqtt %s: disconnecting: %s", self.client_id or self._peer(), message)
+        if self.level == 5 and self.session is not None:
+            props = {"reason_string": message[:200]} if message else {}
+            self.send(Disconnect(reason, props))
+        self.close()
+
+    def shutdown(self) -> None:
+        self.disconnect(rc.SERVER_SHUTTING_DOWN)
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+    def _codec_error(self, exc: MqttCodecError) -> None:
+        if self.session is None:
+            # The CONNECT itself failed: answer in the client's version where possible.
+            level = self.decoder.protocol_level or 4
+            if isinstance(exc, UnsupportedProtocolVersion):
+                code = exc.reason_code if level == 5 else exc.return_code
+                self.write(encode(Connack(False, code), 5 if level == 5 else 4))
+            elif level == 5 and self.decoder.protocol_level == 5:
+                self.write(encode(Connack(False, exc.reason_code), 5))
+            self.close()
+            return
+        self.disconnect(exc.reason_code, exc.message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.transport = None
+        self._out.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+        self.server.connections.discard(self)
+        session = self._detach()
+        if session is None:
+            return
+        if session.expiry_interval == 0:
+            self.server.discard_session(session)
+        elif session.expiry_interval != NEVER_EXPIRES:
+            session.expiry_handle = self._loop.call_later(
+                session.expiry_interval, self._expire, session
+            )
+
+    def _detach(self) -> Session | None:
+        """Leave the session (publishing the will if one is due); None if already left."""
+        session = self.session
+        if session is None or session.connection is not self:
+            return None
+        metrics.mqtt_connections.labels(self.namespace).dec()
+        session.connection = None
+        if self.will is not None:
+            self._schedule_will(session)
+        return session
+
+    def take_over(self) -> None:
+        """Another connection with our client id arrived: it gets the session."""
+        self.disconnect(rc.SESSION_TAKEN_OVER, "session taken over")
+        self._detach()
+
+    def _expire(self, session: Session) -> None:
+        if not session.online:
+            if session.will_handle is not None:  # the will delay outlasted the session
+                session.will_handle.cancel()
+                session.pending_will()
+            self.server.discard_session(session)
+
+    def _schedule_will(self, session: Session) -> None:
+        will, namespace, client_id = self.will, self.namespace, self.client_id
+        self.will = None
+        delay = will.properties.get("will_delay_interval", 0) if self.level == 5 else 0
+
+        def publish_will() -> None:
+            session.will_handle = session.pending_will = None
+            message = self._message_from(
+                will.topic, will.payload, will.qos, will.retain, will.properties, client_id
+            )
+            self.server_publish(namespace, message)
+
+        if delay and session.expiry_interval:
+            session.pending_will = publish_will
+            session.will_handle = self._loop.call_later(delay, publish_will)
+        else:
+            publish_will()
+
+    def server_publish(self, namespace: str, message: Message) -> None:
+        """Publish on the broker's behalf (will messages): no acknowledgement to wait for."""
+        if message.retain:
+            self._loop.create_task(self._log_failure(self.server.retained.set(namespace, message)))
+        try:
+            _, pending = self.server.router.dispatch(namespace, message)
+        except DestinationUnavailable as exc:
+            log.warning("will message not delivered: %s", exc)
+            return
+        for awaitable in pending:
+            self._loop.create_task(self._log_failure(awaitable))
+
+    @staticmethod
+    async def _log_failure(awaitable: Any) -> None:
+        try:
+            await awaitable
+        except Exception:
+            log.exception("background publish failed")
+
+    # --- keep alive ---------------------------------------------------------------------
+    def _start_keep_alive(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.keep_alive:
+            self._timer = self._loop.call_later(self.keep_alive * 1.5, self._check_keep_alive)
+
+    def _check_keep_alive(self) -> None:
+        limit = self.keep_alive * 1.5
+        idle = self._loop.time() - self.last_rx
+        if idle >= limit:
+            self.disconnect(rc.KEEP_ALIVE_TIMEOUT, f"no packet for {idle:.1f} s (keep alive {self.keep_alive} s)")
+        else:
+            self._timer = self._loop.call_later(limit - idle, self._check_keep_alive)
+
+    # --- packets ------------------------------------------------------------------------
+    def _handle(self, packet: Any) -> None:
+        handler = _HANDLERS.get(packet.__class__)
+        if handler is None:
+            self.disconnect(rc.PROTOCOL_ERROR, f"unexpected {packet.__class__.__name__}")
+            return
+        handler(self, packet)
+
+    def _on_connect(self, p: Connect) -> None:
+        self.level = p.protocol_level
+        props = p.properties
+        v5 = self.level == 5
+        refused = self._authenticate(p)
+        if refused is not None:
+            self.send(Connack(False, refused if v5 else rc.CONNACK_BAD_USERNAME_OR_PASSWORD))
+            self.close()
+            return
+        client_id = p.client_id
+        assigned = None
+        if not client_id:
+            if not v5 and not p.clean_start:
+                self.send(Connack(False, rc.CONNACK_IDENTIFIER_REJECTED))
+                self.close()
+                return
+            client_id = assigned = "flowmq-" + secrets.token_hex(8)
+        self.client_id = client_id
+        self.username = p.username
+        if v5:
+            expiry = props.get("session_expiry_interval", 0)
+            self.client_receive_maximum = props.get("receive_maximum", 65535)
+            self.client_max_packet = props.get("maximum_packet_size")
+            self.client_alias_maximum = props.get("topic_alias_maximum", 0)
+        else:
+            expiry = 0 if p.clean_start else NEVER_EXPIRES
+
+        server = self.server
+        key = (self.namespace, client_id)
+        existing = server.sessions.get(key)
+        if existing is not None and existing.connection is not None:
+            existing.connection.take_over()
+        if existing is not None:
+            if existing.expiry_handle is not None:
+                existing.expiry_handle.cancel()
+                existing.expiry_handle = None
+            if existing.will_handle is not None:  # reconnected within the will delay
+                existing.will_handle.cancel()
+                existing.will_handle = existing.pending_will = None
+        session_present = existing is not None and not p.clean_start
+        if existing is not None and p.clean_start:
+            server.discard_session(existing)
+        session = existing if session_present else Session(client_id, self.namespace)
+        server.sessions[key] = session
+        session.connection = self
+        session.expiry_interval = expiry
+        self.session = session
+        self.will = p.will
+        self.keep_alive = p.keep_alive
+        metrics.mqtt_connections.labels(self.namespace).inc()
+
+        ack_props: dict[str, Any] = {}
+        if v5:
+            ack_props = {
+                "receive_maximum": SERVER_RECEIVE_MAXIMUM,
+                "topic_alias_maximum": SERVER_TOPIC_ALIAS_MAXIMUM,
+                "maximum_packet_size": server.max_packet_size,
+            }
+            if assigned:
+                ack_props["assigned_client_identifier"] = assigned
+        self.send(Connack(session_present, rc.SUCCESS, ack_props))
+        self._start_keep_alive()
+        if session_present:
+            self._resume(session)
+        if session.persistent():
+            self._loop.create_task(self._log_failure(server.save_session(session)))
+
+    def _authenticate(self, p: Connect) -> int | None:
+        if p.properties.get("authentication_method"):
+            return rc.BAD_AUTHENTICATION_METHOD
+        if p.username is None:
+            return None if self.server.allow_anonymous else rc.NOT_AUTHORIZED
+        return None  # users in the meta store: checked by the users module when configured
+
+    def _resume(self, session: Session) -> None:
+        for packet_id, out in list(session.inflight.items()):
+            if out.released:
+                self.send(Pubrel(packet_id))
+            else:
+                self._write_publish(out.message, out.qos, out.retain, out.properties, packet_id, dup=True)
+        self._send_queued()
+
+    # --- inbound PUBLISH ----------------------------------------------------------------
+    def _message_from(
+        self, topic: str, payload: bytes, qos: int, retain: bool, props: Any, origin: str
+    ) -> Message:
+        now = now_ms()
+        extra: dict[str, Any] = {"origin": origin}
+        headers: list[tuple[str, bytes]] = []
+        content_type = expiry_ms = None
+        if props:
+            for name in _PASSTHROUGH:
+                if name in props:
+                    extra[name] = props[name]
+            user = props.get("user_property")
+            if user:
+                headers = [(k, v.encode()) for k, v in user]
+            content_type = props.get("content_type")
+            interval = props.get("message_expiry_interval")
+            if interval is not None:
+                expiry_ms = now + interval * 1000
+        return Message(
+            topic=topic,
+            payload=payload,
+            qos=qos,
+            retain=retain,
+            headers=headers,
+            timestamp_ms=now,
+            content_type=content_type,
+            expiry_ms=expiry_ms,
+            source_protocol="mqtt",
+            properties=extra,
+        )
+
+    def _on_publish(self, p: Publish) -> None:
+        session = self.session
+        if session is None:
+            self.disconnect(rc.PROTOCOL_ERROR, "PUBLISH before CONNECT")
+            return
+        topic = p.topic
+        props = p.properties
+        if self.level == 5 and props:
+            alias = props.get("topic_alias")
+            if alias is not None:
+                if not 0 < alias <= SERVER_TOPIC_ALIAS_MAXIMUM:
+                    self.disconnect(rc.TOPIC_ALIAS_INVALID, f"topic alias {alias} out of range")
+                    return
+                if topic:
+                    self.in_aliases[alias] = topic
+                else:
+                    topic = self.in_aliases.get(alias, "")
+                    if not topic:
+                        self.disconnect(rc.PROTOCOL_ERROR, f"unknown topic alias {alias}")
+                        return
+        try:
+            validate_topic(topic)
+        except InvalidTopic as exc:
+            self.disconnect(rc.TOPIC_NAME_INVALID, str(exc))
+            return
+        qos = p.qos
+        packet_id = p.packet_id
+        if qos == 2 and packet_id in session.incoming_qos2:
+            self.send(Pubrec(packet_id))  # a resent QoS 2 PUBLISH: already routed once
+            return
+        if qos and len(session.incoming_qos2) + len(self._acks) >= SERVER_RECEIVE_MAXIMUM:
+            self.disconnect(rc.RECEIVE_MAXIMUM_EXCEEDED, "too many unacknowledged QoS 1/2 PUBLISH")
+            return
+        namespace = self.namespace
+        metrics.mqtt_messages_in_count.labels(namespace).inc()
+        metrics.mqtt_messages_in_bytes_count.labels(namespace).inc(len(p.payload))
+        if not self.server.authorizer.allow(self.client_id, self.username, "publish", topic):
+            if qos:
+                ack = Puback if qos == 1 else Pubrec
+                self.send(ack(packet_id, rc.NOT_AUTHORIZED))
+            return
+        message = self._message_from(topic, p.payload, qos, p.retain, props, self.client_id)
+        pending: list[Any] = []
+        if p.retain:
+            retained = self.server.retained.set(namespace, message)
+            if qos:
+                pending.append(retained)
+            else:
+                self._loop.create_task(self._log_failure(retained))
+        try:
+            bindings, durable = self.server.router.dispatch(namespace, message)
+        except DestinationUnavailable as exc:
+            if qos:
+                self._refuse(packet_id, qos, str(exc))
+            else:
+                metrics.mqtt_messages_dropped_count.labels(namespace).inc()
+            for awaitable in pending:
+                self._loop.create_task(self._log_failure(awaitable))
+            return
+        if not qos:
+            for awaitable in durable:
+                self._loop.create_task(self._log_failure(awaitable))
+            return
+        pending.extend(durable)
+        success = rc.SUCCESS if bindings or self.level != 5 else rc.NO_MATCHING_SUBSCRIBERS
+        if qos == 2:
+            session.incoming_qos2.add(packet_id)
+        ack = Puback if qos == 1 else Pubrec
+        self._queue_ack(pending, ack, packet_id, success)
+
+    def _refuse(self, packet_id: int, qos: int, why: str) -> None:
+        if self.level == 5:
+            ack = Puback if qos == 1 else Pubrec
+            self._queue_ack([], ack, packet_id, rc.UNSPECIFIED_ERROR, why)
+        else:  # 3.1.1 has no negative acknowledgement: closing is the only honest answer
+            self.disconnect(rc.UNSPECIFIED_ERROR, why)
+
+    def _queue_ack(
+        self, pending: list[Any], ack: type, packet_id: int, reason: int, why: str = ""
+    ) -> None:
+        """Acknowledge in the order the PUBLISH packets came (MQTT-4.6.0-2), each only once
+        everything it waited for (durable destinations, retained store) is done."""
+        if not pending and not self._acks:
+            self.send(ack(packet_id, reason, {"reason_string": why} if why and self.level == 5 else {}))
+            return
+        waiter = asyncio.gather(*pending) if pending else None
+        entry = [waiter, ack, packet_id, reason]
+        self._acks.append(entry)
+        if waiter is not None:
+            waiter.add_done_callback(lambda _: self._drain_acks())
+        else:
+            self._drain_acks()
+
+    def _drain_acks(self) -> None:
+        while self._acks:
+            waiter, ack, packet_id, reason = self._acks[0]
+            if waiter is not None and not waiter.done():
+                return
+            self._acks.popleft()
+            if self.closing:
+                continue
+            if waiter is not None and waiter.exception() is not None:
+                failure = f"not stored: {waiter.exception()}"
+                if self.level != 5:
+                    self.disconnect(rc.UNSPECIFIED_ERROR, failure)
+                    continue
+                self.send(ack(packet_id, rc.UNSPECIFIED_ERROR, {"reason_string": failure[:200]}))
+            else:
+                self.send(ack(packet_id, reason))
+
+    def _on_pubrel(self, p: Pubrel) -> None:
+        session = self.session
+        if session is not None and p.packet_id in session.incoming_qos2:
+            session.incoming_qos2.discard(p.packet_id)
+            self.send(Pubcomp(p.packet_id))
+        else:
+            self.send(Pubcomp(p.packet_id, rc.PACKET_ID_NOT_FOUND if self.level == 5 else 0))
+
+    # --- outbound PUBLISH -----------------------------------------------------------------
+    def send_message(self, message: Message, qos: int, retain: bool, identifiers: list[int]) -> None:
+        session = self.session
+        assert session is not None
+        if message.expiry_ms is not None and message.expiry_ms <= now_ms():
+            metrics.mqtt_messages_dropped_count.labels(self.namespace).inc()
+            return
+        if qos == 0:
+            transport = self.transport
+            if transport is None or transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                metrics.mqtt_messages_dropped_count.labels(self.namespace).inc()
+                return
+            self._deliver(message, 0, retain, identifiers, None)
+            return
+        if len(session.inflight) >= self.client_receive_maximum:
+            session_enqueue(session, message, qos, retain, identifiers)
+            return
+        packet_id = session.allocate_packet_id()
+        session.inflight[packet_id] = Outgoing(message, qos, retain, {"subscription_identifier": identifiers})
+        self._deliver(message, qos, retain, identifiers, packet_id)
+
+    def _deliver(
+        self, message: Message, qos: int, retain: bool, identifiers: list[int], packet_id: int | None
+    ) -> None:
+        level = self.level
+        if level == 5 and (identifiers or self.client_alias_maximum):
+            self._write_publish(message, qos, retain, {"subscription_identifier": identifiers}, packet_id)
+            return
+        prepared: PreparedPublish = self.server.encoded_once(
+            message, level, lambda: PreparedPublish(message.topic, message.payload, self._properties(message), level)
+        )
+        data = prepared.encode(qos, retain, False, packet_id)
+        self._emit(data, message)
+
+    def _write_publish(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        extra: dict[str, Any],
+        packet_id: int | None,
+        dup: bool = False,
+    ) -> None:
+        topic = message.topic
+        props = self._properties(message) if self.level == 5 else {}
+        if self.level == 5:
+            if extra.get("subscription_identifier"):
+                props["subscription_identifier"] = extra["subscription_identifier"]
+            if self.client_alias_maximum:
+                alias = self.out_aliases.get(topic)
+                if alias is not None:
+                    props["topic_alias"] = alias
+                    topic = ""
+                elif len(self.out_aliases) < self.client_alias_maximum:
+                    alias = self.out_aliases[topic] = len(self.out_aliases) + 1
+                    props["topic_alias"] = alias
+        data = encode_publish(topic, message.payload, qos, retain, dup, packet_id, props, self.level)
+        self._emit(data, message)
+
+    def _emit(self, data: bytes, message: Message) -> None:
+        if self.client_max_packet is not None and len(data) > self.client_max_packet:
+            # MQTT 5 §3.1.2.11.4: discard as if delivered.
+            metrics.mqtt_messages_dropped_count.labels(self.namespace).inc()
+            return
+        self.write(data)
+        metrics.mqtt_messages_out_count.labels(self.namespace).inc()
+        metrics.mqtt_messages_out_bytes_count.labels(self.namespace).inc(len(message.payload))
+
+    def _properties(self, message: Message) -> dict[str, Any]:
+        if self.level != 5:
+            return {}
+        props: dict[str, Any] = {}
+        extra = message.properties
+        for name in _PASSTHROUGH:
+            if name in extra:
+                props[name] = extra[name]
+        if message.content_type is not None:
+            props["content_type"] = message.content_type
+        if message.headers:
+            props["user_property"] = [(k, v.decode("utf-8", "replace")) for k, v in message.headers]
+        if message.expiry_ms is not None:
+            props["message_expiry_interval"] = max(0, math.ceil((message.expiry_ms - now_ms()) / 1000))
+        return props
+
+    def _send_queued(self) -> None:
+        session = self.session
+        assert session is not None
+        while session.queue and len(session.inflight) < self.client_receive_maximum:
+            message, qos, retain, extra = session.queue.popleft()
+            if message.expiry_ms is not None and message.expiry_ms <= now_ms():
+                metrics.mqtt_messages_dropped_count.labels(self.namespace).inc()
+                continue
+            packet_id = session.allocate_packet_id()
+            session.inflight[packet_id] = Outgoing(message, qos, retain, extra)
+            self._write_publish(message, qos, retain, extra, packet_id)
+
+    def _on_puback(self, p: Puback) -> None:
+        session = self.session
+        if session is not None and session.inflight.pop(p.packet_id, None) is not None:
+            self._send_queued()
+
+    def _on_pubrec(self, p: Pubrec) -> None:
+        session = self.session
+        out = session.inflight.get(p.packet_id) if session else None
+        if out is None or out.qos != 2:
+            self.send(Pubrel(p.packet_id, rc.PACKET_ID_NOT_FOUND if self.level == 5 else 0))
+            return
+        if p.reason_code >= 0x80:  # the receiver refused it: the flow ends here
+            del session.inflight[p.packet_id]
+            self._send_queued()
+            return
+        out.released = True
+        self.send(Pubrel(p.packet_id))
+
+    def _on_pubcomp(self, p: Pubcomp) -> None:
+        self._on_puback(p)  # type: ignore[arg-type]
+
+    # --- subscriptions --------------------------------------------------------------------
+    def _on_subscribe(self, p: Subscribe) -> None:
+        session = self.session
+        assert session is not None
+        server = self.server
+        v5 = self.level == 5
+        identifier = p.properties.get("subscription_identifier") if v5 else None
+        if isinstance(identifier, list):
+            identifier = identifier[0] if identifier else None
+        codes: list[int] = []
+        retained_to_send: list[tuple[Message, Subscription]] = []
+        for topic_filter, options in p.subscriptions:
+            try:
+                validate_subscription_filter(topic_filter)
+                shared = parse_shared(topic_filter)
+            except InvalidFilter:
+                codes.append(rc.TOPIC_FILTER_INVALID if v5 else rc.SUBACK_FAILURE)
+                continue
+            if shared is not None and options.no_local:
+                self.disconnect(rc.PROTOCOL_ERROR, "No Local set on a shared subscription")
+                return
+            inner = shared.filter if shared else topic_filter
+            if not server.authorizer.allow(self.client_id, self.username, "subscribe", inner):
+                codes.append(rc.NOT_AUTHORIZED if v5 else rc.SUBACK_FAILURE)
+                continue
+            existed = topic_filter in session.subscriptions
+            sub = Subscription(inner, options, identifier, shared.group if shared else None)
+            if existed:
+                server.unbind(session, session.subscriptions[topic_filter])
+            session.subscriptions[topic_filter] = sub
+            server.bind(session, sub)
+            codes.append(options.qos)
+            send_retained = shared is None and (
+                options.retain_handling == 0 or (options.retain_handling == 1 and not existed)
+            )
+            if send_retained:
+                retained_to_send.extend(
+                    (m, sub) for m in server.retained.matching(self.namespace, inner)
+                )
+        self.send(Suback(p.packet_id, codes))
+        server.update_subscription_gauge()
+        for message, sub in retained_to_send:
+            qos = min(message.qos, sub.options.qos)
+            ids = [sub.identifier] if sub.identifier else []
+            self.send_message(message, qos, True, ids)
+        if session.persistent():
+            self._loop.create_task(self._log_failure(server.save_session(session)))
+
+    def _on_unsubscribe(self, p: Unsubscribe) -> None:
+        session = self.session
+        assert session is not None
+        codes = []
+        for topic_filter in p.filters:
+            sub = session.subscriptions.pop(topic_filter, None)
+            if sub is None:
+                codes.append(rc.NO_SUBSCRIPTION_EXISTED)
+            else:
+                self.server.unbind(session, sub)
+                codes.append(rc.SUCCESS)
+        self.send(Unsuback(p.packet_id, codes))
+        self.server.update_subscription_gauge()
+        if session.persistent():
+            self._loop.create_task(self._log_failure(self.server.save_session(session)))
+
+    def _on_pingreq(self, p: Pingreq) -> None:
+        self.send(Pingresp())
+
+    def _on_disconnect(self, p: Disconnect) -> None:
+        session = self.session
+        if self.level == 5:
+            if p.reason_code != rc.DISCONNECT_WITH_WILL_MESSAGE:
+                self.will = None
+            expiry = p.properties.get("session_expiry_interval")
+            if expiry is not None and session is not None:
+                if session.expiry_interval == 0 and expiry != 0:
+                    self.will = None
+                    self.disconnect(rc.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 at CONNECT")
+                    return
+                session.expiry_interval = expiry
+        else:
+            self.will = None
+        self.close()
+
+    def _on_auth(self, p: Auth) -> None:
+        self.disconnect(rc.PROTOCOL_ERROR, "AUTH without an authentication method")
+
+
+_HANDLERS = {
+    Connect: MqttConnection._on_connect,
+    Publish: MqttConnection._on_publish,
+    Puback: MqttConnection._on_puback,
+    Pubrec: MqttConnection._on_pubrec,
+    Pubrel: MqttConnection._on_pubrel,
+    Pubcomp: MqttConnection._on_pubcomp,
+    Subscribe: MqttConnection._on_subscribe,
+    Unsubscribe: MqttConnection._on_unsubscribe,
+    Pingreq: MqttConnection._on_pingreq,
+    Disconnect: MqttConnection._on_disconnect,
+    Auth: MqttConnection._on_auth,
+}

@@ -1,0 +1,246 @@
+"""The MQTT listener and the broker-wide MQTT state: sessions, shared groups, retained store.
+
+It registers two destination types with the router: ``subscription`` (one binding per client,
+bound to each of its filters) and ``shared`` (one binding per ``$share/<group>/<filter>``,
+delivering each message to one member).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from typing import Any
+
+import flowmq_metrics as metrics
+from flowmq_broker.mqtt.retained import RetainedStore
+from flowmq_broker.mqtt.session import Session, Subscription
+from flowmq_broker.routing import Binding, DestinationType, Router
+from flowmq_core.message import Message
+from flowmq_core.topics import matches
+from flowmq_meta import keys
+from flowmq_meta.api import MetaStore
+from flowmq_objstore.api import ObjectStore
+
+log = logging.getLogger(__name__)
+
+SUBSCRIPTION = "subscription"
+SHARED = "shared"
+
+
+class Authorizer:
+    """The authorisation hook: override ``allow`` to deny publishes or subscriptions."""
+
+    def allow(self, client_id: str, username: str | None, action: str, topic: str) -> bool:
+        return True
+
+
+class MqttServer:
+    def __init__(
+        self,
+        router: Router,
+        meta: MetaStore,
+        objects: ObjectStore,
+        *,
+        node_id: str,
+        allow_anonymous: bool = True,
+        max_packet_size: int = 1024 * 1024,
+    ) -> None:
+        self.router = router
+        self.meta = meta
+        self.node_id = node_id
+        self.allow_anonymous = allow_anonymous
+        self.max_packet_size = max_packet_size
+        self.retained = RetainedStore(meta, objects)
+        self.sessions: dict[tuple[str, str], Session] = {}
+        self.shared_groups: dict[tuple[str, str], list[str]] = {}
+        self._shared_turn = itertools.count()
+        self.authorizer = Authorizer()
+        self.connections: set[Any] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._encode_cache_key: Any = None
+        self._encode_cache: dict[Any, bytes] = {}
+        router.register_type(_SubscriptionType(self))
+        router.register_type(_SharedType(self))
+
+    # --- life cycle ---------------------------------------------------------------------
+    async def start(self, port: int) -> int:
+        from flowmq_broker.mqtt.connection import MqttConnection
+
+        await self.retained.load()
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: MqttConnection(self), "0.0.0.0", port, reuse_address=True, backlog=1024
+        )
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.shutdown()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # --- sessions ---------------------------------------------------------------------------
+    def subscription_count(self) -> int:
+        return sum(len(s.subscriptions) for s in self.sessions.values())
+
+    def update_subscription_gauge(self) -> None:
+        metrics.broker_subscriptions.set(self.subscription_count())
+
+    def subscriptions_view(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "namespace": session.namespace,
+                "topic_filter": sub.topic_filter,
+                "client_id": session.client_id,
+                "protocol": "mqtt",
+                "node_id": self.node_id,
+                "qos": sub.options.qos,
+                "shared_group": sub.shared_group,
+            }
+            for session in self.sessions.values()
+            for sub in session.subscriptions.values()
+        ]
+
+    def bind(self, session: Session, sub: Subscription) -> None:
+        if sub.shared_group is None:
+            self.router.bind(Binding(SUBSCRIPTION, session.namespace, session.client_id), sub.topic_filter)
+            return
+        name = f"$share/{sub.shared_group}/{sub.topic_filter}"
+        members = self.shared_groups.setdefault((session.namespace, name), [])
+        if session.client_id not in members:
+            members.append(session.client_id)
+        self.router.bind(Binding(SHARED, session.namespace, name), sub.topic_filter)
+
+    def unbind(self, session: Session, sub: Subscription) -> None:
+        if sub.shared_group is None:
+            self.router.unbind(Binding(SUBSCRIPTION, session.namespace, session.client_id), sub.topic_filter)
+            return
+        name = f"$share/{sub.shared_group}/{sub.topic_filter}"
+        members = self.shared_groups.get((session.namespace, name), [])
+        if session.client_id in members:
+            members.remove(session.client_id)
+        if not members:
+            self.shared_groups.pop((session.namespace, name), None)
+            self.router.unbind(Binding(SHARED, session.namespace, name), sub.topic_filter)
+
+    def discard_session(self, session: Session) -> None:
+        for sub in list(session.subscriptions.values()):
+            self.unbind(session, sub)
+        session.subscriptions.clear()
+        if self.sessions.get((session.namespace, session.client_id)) is session:
+            del self.sessions[(session.namespace, session.client_id)]
+        if session.expiry_handle is not None:
+            session.expiry_handle.cancel()
+        self.update_subscription_gauge()
+        asyncio.get_running_loop().create_task(self.forget_session(session))
+
+    async def save_session(self, session: Session) -> None:
+        key = keys.SESSIONS.pack(session.namespace, session.client_id)
+        value = json.dumps(session.to_record()).encode()
+        await self.meta.transact(lambda tr: tr.set(key, value))
+
+    async def forget_session(self, session: Session) -> None:
+        key = keys.SESSIONS.pack(session.namespace, session.client_id)
+        try:
+            await self.meta.transact(lambda tr: tr.clear(key))
+        except Exception:
+            log.exception("could not remove session %s from the meta store", session.client_id)
+
+    # --- delivery ------------------------------------------------------------------------
+    def deliver(self, session: Session, message: Message, subs: list[Subscription]) -> None:
+        origin = message.properties.get("origin")
+        if origin == session.client_id:
+            subs = [s for s in subs if not s.options.no_local]
+            if not subs:
+                return
+        qos = min(message.qos, max(s.options.qos for s in subs))
+        retain = message.retain and any(s.options.retain_as_published for s in subs)
+        identifiers = [s.identifier for s in subs if s.identifier]
+        connection = session.connection
+        if connection is not None:
+            connection.send_message(message, qos, retain, identifiers)
+        elif qos > 0 and session.persistent():
+            session_enqueue(session, message, qos, retain, identifiers)
+
+    def encoded_once(self, message: Message, key: Any, encode) -> bytes:
+        """One encoding of ``message`` per ``key`` (protocol level, flags) during a fan-out."""
+        if self._encode_cache_key is not message:
+            self._encode_cache_key = message
+            self._encode_cache = {}
+        data = self._encode_cache.get(key)
+        if data is None:
+            data = self._encode_cache[key] = encode()
+        return data
+
+
+def session_enqueue(
+    session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
+) -> None:
+    from flowmq_broker.mqtt.session import MAX_QUEUED
+
+    if len(session.queue) >= MAX_QUEUED:
+        session.queue.popleft()
+        metrics.mqtt_messages_dropped_count.labels(session.namespace).inc()
+    session.queue.append((message, qos, retain, {"subscription_identifier": identifiers}))
+
+
+class _SubscriptionType(DestinationType):
+    name = SUBSCRIPTION
+    durable = False
+
+    def __init__(self, server: MqttServer) -> None:
+        self.server = server
+
+    def accept(self, binding: Binding, message: Message) -> None:
+        session = self.server.sessions.get((binding.namespace, binding.name))
+        if session is None:
+            return None
+        topic = message.topic
+        subs = [
+            sub
+            for sub in session.subscriptions.values()
+            if sub.shared_group is None and matches(sub.topic_filter, topic)
+        ]
+        if subs:
+            self.server.deliver(session, message, subs)
+        return None
+
+
+class _SharedType(DestinationType):
+    name = SHARED
+    durable = False
+
+    def __init__(self, server: MqttServer) -> None:
+        self.server = server
+
+    def accept(self, binding: Binding, message: Message) -> None:
+        server = self.server
+        members = server.shared_groups.get((binding.namespace, binding.name))
+        if not members:
+            return None
+        group_filter = binding.name[len("$share/") :]
+        # Round robin over online members; an offline persistent member only when no one is on.
+        start = next(server._shared_turn)
+        chosen = None
+        for i in range(len(members)):
+            session = server.sessions.get((binding.namespace, members[(start + i) % len(members)]))
+            if session is not None and session.online:
+                chosen = session
+                break
+            if chosen is None and session is not None:
+                chosen = session
+        if chosen is None:
+            return None
+        sub = chosen.subscriptions.get("$share/" + group_filter)
+        if sub is not None:
+            server.deliver(chosen, message, [sub])
+        return None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

@@ -1,0 +1,94 @@
+"""MQTT session state: what survives a reconnect with clean start = 0.
+
+A session holds the client's subscriptions, the QoS 1/2 messages in flight towards it, the
+messages queued while it is offline or its window is full, and the QoS 2 packet ids it has
+sent us and not yet released.  Sessions live in the broker that holds the connection; their
+subscriptions are also written to the meta store so that they outlive the process (offline
+queues become durable Queues when Queue storage exists).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from flowmq_core.message import Message
+from flowmq_wire.mqtt.packets import SubscriptionOptions
+
+if TYPE_CHECKING:
+    from flowmq_broker.mqtt.connection import MqttConnection
+
+# Session expiry "never" (v5 0xFFFFFFFF; what 3.1.1 clean session = 0 means).
+NEVER_EXPIRES = 0xFFFFFFFF
+# Bound on messages kept for one session beyond its in-flight window: past it the oldest
+# QoS 0 are dropped first, then the oldest QoS 1/2 (counted as dropped).
+MAX_QUEUED = 10_000
+
+
+@dataclasses.dataclass(slots=True)
+class Subscription:
+    topic_filter: str
+    options: SubscriptionOptions
+    identifier: int | None = None
+    shared_group: str | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class Outgoing:
+    """A QoS 1/2 PUBLISH sent and not yet acknowledged (``released``: PUBREC seen)."""
+
+    message: Message
+    qos: int
+    retain: bool
+    properties: dict[str, Any]
+    released: bool = False
+
+
+class Session:
+    def __init__(self, client_id: str, namespace: str) -> None:
+        self.client_id = client_id
+        self.namespace = namespace
+        self.subscriptions: dict[str, Subscription] = {}
+        self.expiry_interval = 0
+        self.connection: MqttConnection | None = None
+        self.inflight: dict[int, Outgoing] = {}
+        self.queue: collections.deque[tuple[Message, int, bool, dict[str, Any]]] = (
+            collections.deque()
+        )
+        self.incoming_qos2: set[int] = set()
+        self._next_packet_id = 1
+        self.expiry_handle: Any = None
+        self.will_handle: Any = None  # a will waiting out its delay interval
+        self.pending_will: Any = None  # …and the function that publishes it
+
+    @property
+    def online(self) -> bool:
+        return self.connection is not None
+
+    def allocate_packet_id(self) -> int:
+        """The next packet id not in flight (1..65535, wrapping)."""
+        for _ in range(65535):
+            packet_id = self._next_packet_id
+            self._next_packet_id = packet_id % 65535 + 1
+            if packet_id not in self.inflight:
+                return packet_id
+        raise RuntimeError("no free packet identifier")  # window is far below 65535
+
+    def persistent(self) -> bool:
+        return self.expiry_interval > 0
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "client_id": self.client_id,
+            "expiry_interval": self.expiry_interval,
+            "subscriptions": [
+                {
+                    "filter": sub.topic_filter,
+                    "options": list(sub.options),
+                    "identifier": sub.identifier,
+                    "shared_group": sub.shared_group,
+                }
+                for sub in self.subscriptions.values()
+            ],
+        }

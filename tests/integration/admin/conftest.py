@@ -12,7 +12,14 @@ TOKEN = "test-token"
 @pytest.fixture
 async def broker(tmp_path):
     config = BrokerConfig(
-        data_dir=str(tmp_path / "data"), http_port=0, admin_token=TOKEN, node_id="node-a"
+        data_dir=str(tmp_path / "data"),
+        http_port=0,
+        mqtt_port=0,
+        kafka_port=0,
+        amqp_port=0,
+        gossip_port=0,
+        admin_token=TOKEN,
+        node_id="node-a",
     )
     broker = Broker(config)
     await broker.start()

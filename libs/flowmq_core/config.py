@@ -36,6 +36,7 @@ class BrokerConfig:
     seeds: list[str] = dataclasses.field(default_factory=list)
     roles: list[str] = dataclasses.field(default_factory=lambda: list(ALL_ROLES))
     admin_token: str = ""  # empty: generated at first start, kept in <data_dir>/admin_token
+    allow_anonymous: bool = True  # clients without a user name may connect
     log_level: str = "info"
 
     def resolved(self) -> BrokerConfig:
@@ -70,6 +71,15 @@ def _coerce(field: dataclasses.Field, raw: Any, source: str) -> Any:
     try:
         if kind == "int":
             return int(raw)
+        if kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            lowered = str(raw).strip().lower()
+            if lowered in {"true", "1", "yes", "on"}:
+                return True
+            if lowered in {"false", "0", "no", "off"}:
+                return False
+            raise ValueError
         if kind.startswith("list"):
             if isinstance(raw, str):
                 return [item.strip() for item in raw.split(",") if item.strip()]

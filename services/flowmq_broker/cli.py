@@ -40,11 +40,60 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "seeds": "comma-separated host:gossip-port of other brokers",
         "roles": f"comma-separated subset of {','.join(ALL_ROLES)} (default all)",
         "admin_token": "admin API Bearer token (default: generated once, kept in <data-dir>/admin_token)",
+        "allow_anonymous": "true or false: may clients connect without a user name (default true)",
         "log_level": "debug, info, warning or error (default info)",
     }
     for name, help_text in text.items():
         flag = "--" + name.replace("_", "-")
         serve.add_argument(flag, dest=name, default=None, help=help_text)
+
+
+def _user_parser(sub: argparse._SubParsersAction) -> None:
+    user = sub.add_parser(
+        "user",
+        help="manage users (MQTT user name/password; AMQP and Kafka SASL PLAIN)",
+        description="Users live in the meta store, so every broker sharing it sees them.",
+    )
+    user.add_argument("--config", help="TOML config file (for data_dir / meta)")
+    user.add_argument("--data-dir", dest="data_dir", default=None)
+    user.add_argument("--meta", default=None, help="meta store URL (default: the data dir's)")
+    actions = user.add_subparsers(dest="action", required=True)
+    add = actions.add_parser("add", help="create a user or set its password")
+    add.add_argument("name")
+    add.add_argument("--password", help="the password (default: read from standard input)")
+    delete = actions.add_parser("delete", help="remove a user")
+    delete.add_argument("name")
+    actions.add_parser("list", help="list user names")
+
+
+async def _user_command(config: BrokerConfig, args: argparse.Namespace) -> int:
+    from flowmq_meta import open_meta_store
+    from flowmq_meta.api import MetaError
+    from flowmq_meta.users import delete_user, load_users, set_user
+
+    try:
+        store = open_meta_store(config.resolved().meta)
+    except MetaError as exc:
+        print(f"flowmq: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if args.action == "add":
+            password = args.password
+            if password is None:
+                password = sys.stdin.readline().rstrip("\n")
+            await set_user(store, args.name, password)
+            print(f"user {args.name} saved")
+        elif args.action == "delete":
+            if not await delete_user(store, args.name):
+                print(f"flowmq: no user {args.name}", file=sys.stderr)
+                return 1
+            print(f"user {args.name} deleted")
+        else:
+            for name in sorted(await load_users(store)):
+                print(name)
+        return 0
+    finally:
+        await store.close()
 
 
 def _configure_logging(level: str) -> None:
@@ -78,7 +127,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flowmq", description="FlowMQ-py broker")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    _user_parser(sub)
     args = parser.parse_args(argv)
+
+    if args.command == "user":
+        flags = {"data_dir": args.data_dir, "meta": args.meta}
+        try:
+            config = load_config(flags, config_file=args.config)
+        except ConfigError as exc:
+            print(f"flowmq: {exc}", file=sys.stderr)
+            return 2
+        return asyncio.run(_user_command(config, args))
 
     if args.command == "serve":
         flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}

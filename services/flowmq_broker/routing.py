@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import flowmq_metrics as metrics
 from flowmq_core.errors import FlowMQError
@@ -132,11 +132,14 @@ class CatalogSync:
         self.catalog = catalog
         self.router = router
         self._poll = PeriodicTask("catalog-sync", interval, self.refresh)
+        self.on_change: list[Callable[[], Awaitable[None]]] = []
 
     async def refresh(self) -> None:
         version, destinations = await self.catalog.snapshot()
         if version != self.router.version or not self.router.version:
             self.router.load(version, destinations)
+            for callback in self.on_change:
+                await callback()
 
     def start(self) -> None:
         self._poll.start()

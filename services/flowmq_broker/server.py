@@ -23,6 +23,7 @@ from flowmq_core.message import Message
 from flowmq_meta import open_meta_store
 from flowmq_meta.api import MetaError, MetaStore
 from flowmq_meta.catalog import Catalog, Destination
+from flowmq_meta.users import UserDirectory
 from flowmq_objstore import open_object_store
 from flowmq_objstore.api import ObjectStore, ObjectStoreError
 
@@ -100,7 +101,9 @@ class Broker:
             await self.catalog.ensure_namespace()
         except MetaError as exc:
             raise StartupError(f"meta store {cfg.meta}: {exc}") from None
+        self.users = UserDirectory(self.meta)
         self.sync = CatalogSync(self.catalog, self.router)
+        self.sync.on_change.append(self.users.refresh)
         await self.sync.refresh()
         self.sync.start()
 
@@ -152,7 +155,14 @@ class Broker:
 
     async def _start_mqtt(self) -> None:
         assert self.meta is not None and self.objects is not None
-        self.mqtt = MqttServer(self.router, self.meta, self.objects, node_id=self.node_id)
+        self.mqtt = MqttServer(
+            self.router,
+            self.meta,
+            self.objects,
+            self.users,
+            node_id=self.node_id,
+            allow_anonymous=self.config.allow_anonymous,
+        )
         try:
             self.ports["mqtt"] = await self.mqtt.start(self.config.mqtt_port)
         except OSError as exc:

@@ -175,7 +175,7 @@ class MqttConnection(asyncio.Protocol):
             self.server.discard_session(session)
         elif session.expiry_interval != NEVER_EXPIRES:
             session.expiry_handle = self._loop.call_later(
-                session.expiry_interval, self._expire, session
+                session.expiry_interval, self.server.expire, session
             )
 
     def _detach(self) -> Session | None:
@@ -193,13 +193,6 @@ class MqttConnection(asyncio.Protocol):
         """Another connection with our client id arrived: it gets the session."""
         self.disconnect(rc.SESSION_TAKEN_OVER, "session taken over")
         self._detach()
-
-    def _expire(self, session: Session) -> None:
-        if not session.online:
-            if session.will_handle is not None:  # the will delay outlasted the session
-                session.will_handle.cancel()
-                session.pending_will()
-            self.server.discard_session(session)
 
     def _schedule_will(self, session: Session) -> None:
         will, namespace, client_id = self.will, self.namespace, self.client_id
@@ -250,7 +243,10 @@ class MqttConnection(asyncio.Protocol):
         limit = self.keep_alive * 1.5
         idle = self._loop.time() - self.last_rx
         if idle >= limit:
-            self.disconnect(rc.KEEP_ALIVE_TIMEOUT, f"no packet for {idle:.1f} s (keep alive {self.keep_alive} s)")
+            self.disconnect(
+                rc.KEEP_ALIVE_TIMEOUT,
+                f"no packet for {idle:.1f} s (keep alive {self.keep_alive} s)",
+            )
         else:
             self._timer = self._loop.call_later(limit - idle, self._check_keep_alive)
 
@@ -268,7 +264,13 @@ class MqttConnection(asyncio.Protocol):
         v5 = self.level == 5
         refused = self._authenticate(p)
         if refused is not None:
-            self.send(Connack(False, refused if v5 else rc.CONNACK_BAD_USERNAME_OR_PASSWORD))
+            if not v5:
+                refused = (
+                    rc.CONNACK_BAD_USERNAME_OR_PASSWORD
+                    if refused == rc.BAD_USER_NAME_OR_PASSWORD
+                    else rc.CONNACK_NOT_AUTHORIZED
+                )
+            self.send(Connack(False, refused))
             self.close()
             return
         client_id = p.client_id
@@ -332,16 +334,22 @@ class MqttConnection(asyncio.Protocol):
     def _authenticate(self, p: Connect) -> int | None:
         if p.properties.get("authentication_method"):
             return rc.BAD_AUTHENTICATION_METHOD
-        if p.username is None:
-            return None if self.server.allow_anonymous else rc.NOT_AUTHORIZED
-        return None  # users in the meta store: checked by the users module when configured
+        users = self.server.users
+        if p.username is not None and users.known(p.username):
+            return None if users.check(p.username, p.password) else rc.BAD_USER_NAME_OR_PASSWORD
+        # No user name, or one we do not know: an anonymous client.
+        if self.server.allow_anonymous:
+            return None
+        return rc.BAD_USER_NAME_OR_PASSWORD if p.username is not None else rc.NOT_AUTHORIZED
 
     def _resume(self, session: Session) -> None:
         for packet_id, out in list(session.inflight.items()):
             if out.released:
                 self.send(Pubrel(packet_id))
             else:
-                self._write_publish(out.message, out.qos, out.retain, out.properties, packet_id, dup=True)
+                self._write_publish(
+                    out.message, out.qos, out.retain, out.properties, packet_id, dup=True
+                )
         self._send_queued()
 
     # --- inbound PUBLISH ----------------------------------------------------------------
@@ -459,7 +467,9 @@ class MqttConnection(asyncio.Protocol):
         """Acknowledge in the order the PUBLISH packets came (MQTT-4.6.0-2), each only once
         everything it waited for (durable destinations, retained store) is done."""
         if not pending and not self._acks:
-            self.send(ack(packet_id, reason, {"reason_string": why} if why and self.level == 5 else {}))
+            self.send(
+                ack(packet_id, reason, {"reason_string": why} if why and self.level == 5 else {})
+            )
             return
         waiter = asyncio.gather(*pending) if pending else None
         entry = [waiter, ack, packet_id, reason]
@@ -495,7 +505,9 @@ class MqttConnection(asyncio.Protocol):
             self.send(Pubcomp(p.packet_id, rc.PACKET_ID_NOT_FOUND if self.level == 5 else 0))
 
     # --- outbound PUBLISH -----------------------------------------------------------------
-    def send_message(self, message: Message, qos: int, retain: bool, identifiers: list[int]) -> None:
+    def send_message(
+        self, message: Message, qos: int, retain: bool, identifiers: list[int]
+    ) -> None:
         session = self.session
         assert session is not None
         if message.expiry_ms is not None and message.expiry_ms <= now_ms():
@@ -512,18 +524,31 @@ class MqttConnection(asyncio.Protocol):
             session_enqueue(session, message, qos, retain, identifiers)
             return
         packet_id = session.allocate_packet_id()
-        session.inflight[packet_id] = Outgoing(message, qos, retain, {"subscription_identifier": identifiers})
+        session.inflight[packet_id] = Outgoing(
+            message, qos, retain, {"subscription_identifier": identifiers}
+        )
         self._deliver(message, qos, retain, identifiers, packet_id)
 
     def _deliver(
-        self, message: Message, qos: int, retain: bool, identifiers: list[int], packet_id: int | None
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        identifiers: list[int],
+        packet_id: int | None,
     ) -> None:
         level = self.level
         if level == 5 and (identifiers or self.client_alias_maximum):
-            self._write_publish(message, qos, retain, {"subscription_identifier": identifiers}, packet_id)
+            self._write_publish(
+                message, qos, retain, {"subscription_identifier": identifiers}, packet_id
+            )
             return
         prepared: PreparedPublish = self.server.encoded_once(
-            message, level, lambda: PreparedPublish(message.topic, message.payload, self._properties(message), level)
+            message,
+            level,
+            lambda: PreparedPublish(
+                message.topic, message.payload, self._properties(message), level
+            ),
         )
         data = prepared.encode(qos, retain, False, packet_id)
         self._emit(data, message)
@@ -550,7 +575,9 @@ class MqttConnection(asyncio.Protocol):
                 elif len(self.out_aliases) < self.client_alias_maximum:
                     alias = self.out_aliases[topic] = len(self.out_aliases) + 1
                     props["topic_alias"] = alias
-        data = encode_publish(topic, message.payload, qos, retain, dup, packet_id, props, self.level)
+        data = encode_publish(
+            topic, message.payload, qos, retain, dup, packet_id, props, self.level
+        )
         self._emit(data, message)
 
     def _emit(self, data: bytes, message: Message) -> None:
@@ -575,7 +602,9 @@ class MqttConnection(asyncio.Protocol):
         if message.headers:
             props["user_property"] = [(k, v.decode("utf-8", "replace")) for k, v in message.headers]
         if message.expiry_ms is not None:
-            props["message_expiry_interval"] = max(0, math.ceil((message.expiry_ms - now_ms()) / 1000))
+            props["message_expiry_interval"] = max(
+                0, math.ceil((message.expiry_ms - now_ms()) / 1000)
+            )
         return props
 
     def _send_queued(self) -> None:
@@ -687,7 +716,9 @@ class MqttConnection(asyncio.Protocol):
             if expiry is not None and session is not None:
                 if session.expiry_interval == 0 and expiry != 0:
                     self.will = None
-                    self.disconnect(rc.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 at CONNECT")
+                    self.disconnect(
+                        rc.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 at CONNECT"
+                    )
                     return
                 session.expiry_interval = expiry
         else:

@@ -16,13 +16,15 @@ from typing import Any
 
 import flowmq_metrics as metrics
 from flowmq_broker.mqtt.retained import RetainedStore
-from flowmq_broker.mqtt.session import Session, Subscription
+from flowmq_broker.mqtt.session import NEVER_EXPIRES, Session, Subscription
 from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_core.message import Message
 from flowmq_core.topics import matches
 from flowmq_meta import keys
 from flowmq_meta.api import MetaStore
+from flowmq_meta.users import UserDirectory
 from flowmq_objstore.api import ObjectStore
+from flowmq_wire.mqtt.packets import SubscriptionOptions
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,7 @@ class MqttServer:
         router: Router,
         meta: MetaStore,
         objects: ObjectStore,
+        users: UserDirectory,
         *,
         node_id: str,
         allow_anonymous: bool = True,
@@ -50,6 +53,7 @@ class MqttServer:
     ) -> None:
         self.router = router
         self.meta = meta
+        self.users = users
         self.node_id = node_id
         self.allow_anonymous = allow_anonymous
         self.max_packet_size = max_packet_size
@@ -70,6 +74,7 @@ class MqttServer:
         from flowmq_broker.mqtt.connection import MqttConnection
 
         await self.retained.load()
+        await self.restore_sessions()
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: MqttConnection(self), "0.0.0.0", port, reuse_address=True, backlog=1024
@@ -108,7 +113,9 @@ class MqttServer:
 
     def bind(self, session: Session, sub: Subscription) -> None:
         if sub.shared_group is None:
-            self.router.bind(Binding(SUBSCRIPTION, session.namespace, session.client_id), sub.topic_filter)
+            self.router.bind(
+                Binding(SUBSCRIPTION, session.namespace, session.client_id), sub.topic_filter
+            )
             return
         name = f"$share/{sub.shared_group}/{sub.topic_filter}"
         members = self.shared_groups.setdefault((session.namespace, name), [])
@@ -118,7 +125,9 @@ class MqttServer:
 
     def unbind(self, session: Session, sub: Subscription) -> None:
         if sub.shared_group is None:
-            self.router.unbind(Binding(SUBSCRIPTION, session.namespace, session.client_id), sub.topic_filter)
+            self.router.unbind(
+                Binding(SUBSCRIPTION, session.namespace, session.client_id), sub.topic_filter
+            )
             return
         name = f"$share/{sub.shared_group}/{sub.topic_filter}"
         members = self.shared_groups.get((session.namespace, name), [])
@@ -138,6 +147,50 @@ class MqttServer:
             session.expiry_handle.cancel()
         self.update_subscription_gauge()
         asyncio.get_running_loop().create_task(self.forget_session(session))
+
+    async def restore_sessions(self) -> None:
+        """Bring back persistent sessions (offline, subscriptions bound) after a restart.
+
+        Their expiry restarts from now: the time the broker was down is not counted, as with
+        Mosquitto's persistence.
+        """
+        begin, end = keys.SESSIONS.range()
+        rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
+        loop = asyncio.get_running_loop()
+        for key, raw in rows:
+            namespace, client_id = keys.SESSIONS.unpack(key)
+            record = json.loads(raw)
+            session = Session(client_id, namespace)
+            session.expiry_interval = record["expiry_interval"]
+            for item in record["subscriptions"]:
+                sub = Subscription(
+                    item["filter"],
+                    SubscriptionOptions(*item["options"]),
+                    item.get("identifier"),
+                    item.get("shared_group"),
+                )
+                full = (
+                    f"$share/{sub.shared_group}/{sub.topic_filter}"
+                    if sub.shared_group
+                    else sub.topic_filter
+                )
+                session.subscriptions[full] = sub
+                self.bind(session, sub)
+            self.sessions[(namespace, client_id)] = session
+            if session.expiry_interval != NEVER_EXPIRES:
+                session.expiry_handle = loop.call_later(
+                    session.expiry_interval, self.expire, session
+                )
+        self.update_subscription_gauge()
+
+    def expire(self, session: Session) -> None:
+        """The session expiry interval ran out while the client was away."""
+        if session.online:
+            return
+        if session.will_handle is not None:  # the will delay outlasted the session: send now
+            session.will_handle.cancel()
+            session.pending_will()
+        self.discard_session(session)
 
     async def save_session(self, session: Session) -> None:
         key = keys.SESSIONS.pack(session.namespace, session.client_id)

@@ -61,3 +61,15 @@ def test_absolute_data_dir_gives_absolute_urls():
     cfg = BrokerConfig(data_dir="/var/lib/flowmq").resolved()
     assert cfg.meta == "sqlite:////var/lib/flowmq/meta.db"
     assert cfg.objects == "file:///var/lib/flowmq/objects"
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"), [("false", False), ("0", False), ("yes", True), (True, True)]
+)
+def test_boolean_keys(raw, value):
+    assert load_config({"allow_anonymous": raw}, env={}).allow_anonymous is value
+
+
+def test_bad_boolean_is_named():
+    with pytest.raises(ConfigError, match="--allow-anonymous"):
+        load_config({"allow_anonymous": "maybe"}, env={})

@@ -117,6 +117,11 @@ NODES = Subspace(("node",))
 # (name,) -> cluster-wide setting (JSON).
 SETTINGS = Subspace(("setting",))
 
+# Added by flowmq_kas3: (ns, stream, partition) -> 8-byte sum of the byte sizes of the
+# partition's index entries, kept with atomic adds at append and subtracted by retention, so
+# retention by bytes needs no scan of the index.
+STREAM_BYTES = Subspace(("s_bytes",))
+
 ALL_SUBSPACES: dict[str, Subspace] = {
     "CHANGELOG": CHANGELOG,
     "NAMESPACES": NAMESPACES,
@@ -137,4 +142,5 @@ ALL_SUBSPACES: dict[str, Subspace] = {
     "OBJECTS_TO_DELETE": OBJECTS_TO_DELETE,
     "NODES": NODES,
     "SETTINGS": SETTINGS,
+    "STREAM_BYTES": STREAM_BYTES,
 }

@@ -1,0 +1,519 @@
+"""The per-broker group-commit writer shared by Streams and Queues (DESIGN.md §5).
+
+Callers submit ``(group, data, commit)``: ``data`` is one chunk (a produced record batch, a
+run of queue message bodies), ``group`` says which chunks belong together in the object
+(e.g. ``(ns, stream, partition)``), and ``commit(tr, object_key, start, end)`` is a
+synchronous function run inside the flush's meta transaction, where it writes whatever index
+entries point at ``data``'s byte range and returns the submitter's result (a base offset, a
+list of queue sequence numbers).
+
+One flush = one object PUT holding every pending chunk (each group's chunks contiguous, in
+submission order) + one meta transaction calling every commit, registering the object's
+reference count, and registering the write intent of the next flush's object (see
+``refs.py``: that is what keeps a crash between PUT and commit from leaving an orphan without
+costing a second transaction per flush).  Only after that transaction commits are the
+submitters' futures resolved; if the PUT or the transaction fails, every submitter of that
+flush gets the exception and nothing of it is acknowledged.
+
+A caller that writes one index entry per group rather than per chunk (a stream writes one
+entry per partition per flush, however many produce requests it merged) submits with a
+``GroupCommit`` instead: it is called once per flush for all consecutive chunks of a group
+submitted with that same object, whose byte ranges are adjacent in the object.
+
+Flush policy: while a flush is in flight, new chunks wait for the next one; a flush starts
+when the previous one is done and either the pending bytes reach ``size_threshold`` or the
+oldest pending chunk is ``flush_interval`` old.  Flushes run one at a time, so they commit in
+order.  Cost per chunk: one future, no task.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from flowmq_kas3 import refs
+from flowmq_kas3._util import Clock, FaultHook, fault, key_component, running_task, wall_ms
+from flowmq_kas3.errors import BatcherClosed
+from flowmq_meta import MetaStore, Transaction
+from flowmq_metrics import kas3_segment_size
+from flowmq_objstore import ObjectStore
+
+log = logging.getLogger("flowmq_kas3.batcher")
+
+CommitFn = Callable[[Transaction, str, int, int], Any]
+"""``commit(tr, object_key, start, end) -> result``, run inside the flush transaction (and
+rerun if the transaction retries, so it must only act through ``tr``)."""
+
+AfterCommit = Callable[[Any, str, int, int], None]
+"""``after(result, object_key, start, end)``: runs on the event loop once the flush has
+committed, before the submitter's future resolves (fills caches, wakes long polls)."""
+
+
+class GroupCommit(abc.ABC):
+    """Commit of a run of chunks of one group (see the module docstring)."""
+
+    @abc.abstractmethod
+    def commit(
+        self, tr: Transaction, group: Any, object_key: str, chunks: list[tuple[int, int, Any]]
+    ) -> tuple[list[Any], int]:
+        """``chunks``: ``(start, end, ctx)`` per chunk, adjacent and in submission order.
+        Returns each chunk's result and the number of index entries written pointing into
+        the object.  Runs inside the flush transaction, maybe more than once."""
+
+    def after_commit(  # noqa: B027 - optional hook
+        self, group: Any, results: list[Any], object_key: str, start: int, end: int, data: bytes
+    ) -> None:
+        """On the event loop once committed, before the futures resolve; ``data`` is the
+        run's bytes ``[start, end)`` of the object."""
+
+
+DEFAULT_SIZE_THRESHOLD = 4 * 1024 * 1024
+# Local disk: latency first (DESIGN.md §5); S3: every PUT is billed.
+DEFAULT_FLUSH_INTERVAL = {"file": 0.003, "s3": 0.1}
+DEFAULT_INTENT_LEASE_MS = 10 * 60 * 1000
+DEFAULT_MAX_FLUSH_ITEMS = 10_000
+_RENEW_RETRY_S = 1.0
+
+
+def default_flush_interval(objects: ObjectStore) -> float:
+    scheme = "s3" if str(getattr(objects, "url", "")).startswith("s3:") else "file"
+    return DEFAULT_FLUSH_INTERVAL[scheme]
+
+
+class WithRefs(NamedTuple):
+    """Returned by a commit that wrote a number of index entries other than the ``refs`` it
+    was submitted with (e.g. it dropped a duplicate); ``result`` goes to the submitter."""
+
+    result: Any
+    refs: int
+
+
+@dataclass
+class BatcherStats:
+    flushes: int = 0
+    failed_flushes: int = 0
+    bytes: int = 0
+    chunks: int = 0
+    # Transactions outside flushes: registering a fresh intent at start, after a failure or
+    # after a long idle period.
+    intent_transactions: int = 0
+
+
+class _Item:
+    __slots__ = ("after", "born", "commit", "ctx", "data", "future", "group", "refs")
+
+    def __init__(
+        self,
+        group: Hashable,
+        data: bytes,
+        commit: CommitFn | GroupCommit,
+        ctx: Any,
+        refs: int,
+        after: AfterCommit | None,
+        future: asyncio.Future[Any],
+        born: float,
+    ) -> None:
+        self.group = group
+        self.data = data
+        self.commit = commit
+        self.ctx = ctx
+        self.refs = refs
+        self.after = after
+        self.future = future
+        self.born = born
+
+
+class _Run:
+    """Chunks committed by one call: a single chunk with a plain commit, or consecutive
+    chunks of a group sharing one ``GroupCommit``."""
+
+    __slots__ = ("end", "items", "start")
+
+    def __init__(self, item: _Item, start: int) -> None:
+        self.items = [item]
+        self.start = start
+        self.end = start + len(item.data)
+
+
+class GroupCommitBatcher:
+    def __init__(
+        self,
+        meta: MetaStore,
+        objects: ObjectStore,
+        *,
+        node_id: str = "node",
+        size_threshold: int = DEFAULT_SIZE_THRESHOLD,
+        flush_interval: float | None = None,
+        max_flush_bytes: int | None = None,
+        max_flush_items: int = DEFAULT_MAX_FLUSH_ITEMS,
+        intent_lease_ms: int = DEFAULT_INTENT_LEASE_MS,
+        key_prefix: str = "segments",
+        clock: Clock = wall_ms,
+        faults: FaultHook | None = None,
+    ) -> None:
+        if size_threshold <= 0:
+            raise ValueError("size_threshold must be positive")
+        if intent_lease_ms <= 2 * refs.COMMIT_MARGIN_MS:
+            raise ValueError(f"intent_lease_ms must exceed {2 * refs.COMMIT_MARGIN_MS}")
+        self.meta = meta
+        self.objects = objects
+        self.node_id = node_id
+        self.size_threshold = size_threshold
+        self.flush_interval = (
+            default_flush_interval(objects) if flush_interval is None else flush_interval
+        )
+        self.max_flush_bytes = max_flush_bytes or 2 * size_threshold
+        self.max_flush_items = max_flush_items
+        self.intent_lease_ms = intent_lease_ms
+        self.stats = BatcherStats()
+        self._clock = clock
+        self._faults = faults
+        self._key_base = f"{key_prefix}/{key_component(node_id)}"
+        # Distinguishes restarts of the same node within one millisecond.
+        self._incarnation = secrets.token_hex(4)
+        self._seq = 0
+        self._pending: collections.deque[_Item] = collections.deque()
+        self._pending_bytes = 0
+        self._wakeup: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._force = False
+        self._next_key: str | None = None
+        self._next_deadline = 0
+        # Intents of keys whose write failed: listed for deletion by the next intent txn.
+        self._abandoned: list[str] = []
+
+    # -- submitting --------------------------------------------------------------------------
+
+    def submit(
+        self,
+        group: Hashable,
+        data: bytes,
+        commit: CommitFn,
+        *,
+        refs: int = 1,
+        after_commit: AfterCommit | None = None,
+    ) -> asyncio.Future[Any]:
+        """Queue one chunk; the future resolves to ``commit``'s result once durable.
+        ``refs`` is how many index entries ``commit`` writes that point into the object."""
+        return self._submit(group, data, commit, None, refs, after_commit)
+
+    def submit_grouped(
+        self, group: Hashable, data: bytes, commit: GroupCommit, ctx: Any = None
+    ) -> asyncio.Future[Any]:
+        """Queue one chunk committed together with the group's other chunks by ``commit``
+        (``ctx`` is handed to it); the future resolves to this chunk's result."""
+        return self._submit(group, data, commit, ctx, 0, None)
+
+    def _submit(
+        self,
+        group: Hashable,
+        data: bytes,
+        commit: CommitFn | GroupCommit,
+        ctx: Any,
+        refs: int,
+        after: AfterCommit | None,
+    ) -> asyncio.Future[Any]:
+        if self._closing:
+            raise BatcherClosed("batcher is closed")
+        loop = asyncio.get_running_loop()
+        if self._task is None:
+            self._task = loop.create_task(self._run(), name=f"kas3-batcher {self.node_id}")
+        future: asyncio.Future[Any] = loop.create_future()
+        self._pending.append(_Item(group, data, commit, ctx, refs, after, future, loop.time()))
+        self._pending_bytes += len(data)
+        wakeup = self._wakeup
+        if (
+            wakeup is not None
+            and not wakeup.done()
+            and (len(self._pending) == 1 or self._pending_bytes >= self.size_threshold)
+        ):
+            wakeup.set_result(None)
+        return future
+
+    async def write(
+        self,
+        group: Hashable,
+        data: bytes,
+        commit: CommitFn,
+        *,
+        refs: int = 1,
+        after_commit: AfterCommit | None = None,
+    ) -> Any:
+        return await self.submit(group, data, commit, refs=refs, after_commit=after_commit)
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register the first write intent now, so the first flush costs one transaction."""
+        await self._ensure_intent()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"kas3-batcher {self.node_id}"
+            )
+
+    async def flush(self) -> None:
+        """Flush everything pending now, regardless of size and age, and wait for it."""
+        futures = [item.future for item in self._pending]
+        if not futures:
+            return
+        self._force = True
+        self._wake()
+        await asyncio.gather(*futures, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Flush what is pending, stop, and release the unused intent."""
+        if self._closing:
+            return
+        self._closing = True
+        self._force = True
+        self._wake()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        key, self._next_key = self._next_key, None
+        abandoned = [*self._abandoned, *([key] if key else [])]
+        if abandoned:
+            now = self._clock()
+            with contextlib.suppress(Exception):
+                await self.meta.transact(
+                    lambda tr: [refs.abandon_intent(tr, k, now) for k in abandoned]
+                )
+
+    # -- the flush loop ----------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    async def _sleep(self, timeout: float | None) -> None:
+        self._wakeup = asyncio.get_running_loop().create_future()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._wakeup
+        except TimeoutError:
+            pass
+        finally:
+            self._wakeup = None
+
+    def _due_in(self) -> float:
+        """Seconds until the pending chunks must be flushed (<= 0: now)."""
+        if self._force or self._pending_bytes >= self.size_threshold:
+            return 0.0
+        loop = asyncio.get_running_loop()
+        return self._pending[0].born + self.flush_interval - loop.time()
+
+    async def _run(self) -> None:
+        while True:
+            if not self._pending:
+                self._force = False
+                if self._closing:
+                    return
+                await self._sleep(self._idle_timeout())
+                if not self._pending and not self._closing and self._intent_needs_renewal():
+                    try:
+                        await self._ensure_intent()
+                    except Exception:
+                        log.warning("kas3 could not renew its write intent", exc_info=True)
+                        await self._sleep(_RENEW_RETRY_S)  # a new chunk cuts this short
+                continue
+            wait = self._due_in()
+            if wait > 0:
+                await self._sleep(wait)
+                continue
+            items = self._take()
+            try:
+                await self._flush(items)
+            except Exception as exc:  # a bug, not a storage failure: never strand producers
+                log.exception("kas3 flush failed unexpectedly")
+                _fail(items, exc)
+
+    def _idle_timeout(self) -> float | None:
+        if self._next_key is None:
+            return None
+        left_ms = self._next_deadline - self.intent_lease_ms // 2 - self._clock()
+        return max(left_ms / 1000, 0.001)
+
+    def _intent_needs_renewal(self) -> bool:
+        return (
+            self._next_key is None
+            or self._next_deadline - self._clock() <= self.intent_lease_ms // 2
+        )
+
+    def _take(self) -> list[_Item]:
+        items: list[_Item] = []
+        size = 0
+        pending = self._pending
+        while pending and (
+            not items
+            or (
+                size + len(pending[0].data) <= self.max_flush_bytes
+                and len(items) < self.max_flush_items
+            )
+        ):
+            item = pending.popleft()
+            items.append(item)
+            size += len(item.data)
+        self._pending_bytes -= size
+        return items
+
+    def _new_key(self) -> str:
+        self._seq += 1
+        return f"{self._key_base}/{self._clock():013d}-{self._incarnation}-{self._seq:08d}"
+
+    async def _ensure_intent(self) -> str:
+        """The key the next flush writes, registering a fresh intent if there is none or its
+        lease is half gone (normally done by the previous flush's transaction)."""
+        if self._next_key is not None and not self._intent_needs_renewal():
+            return self._next_key
+        stale = [*self._abandoned, *([self._next_key] if self._next_key else [])]
+        key = self._new_key()
+        now = self._clock()
+        deadline = now + self.intent_lease_ms
+
+        def txn(tr: Transaction) -> None:
+            for old in stale:
+                refs.abandon_intent(tr, old, now)
+            refs.register_intent(tr, key, deadline, self.node_id)
+
+        await self.meta.transact(txn)
+        self.stats.intent_transactions += 1
+        self._abandoned = []
+        self._next_key, self._next_deadline = key, deadline
+        return key
+
+    async def _flush(self, items: list[_Item]) -> None:
+        with running_task():
+            try:
+                key = await self._ensure_intent()
+            except Exception as exc:
+                self.stats.failed_flushes += 1
+                _fail(items, exc)
+                return
+            runs, body = _layout(items)
+            next_key = self._new_key()
+            now = self._clock()
+            next_deadline = now + self.intent_lease_ms
+            try:
+                fault(self._faults, "flush.before_put")
+                await self.objects.put(key, body)
+                fault(self._faults, "flush.after_put")
+                results = await self.meta.transact(
+                    lambda tr: self._commit(tr, key, runs, next_key, next_deadline)
+                )
+                fault(self._faults, "flush.after_commit")
+            except Exception as exc:
+                # The outcome of the commit may be unknown (FoundationDB's
+                # commit_unknown_result), so never reuse this key.
+                self._abandoned.append(key)
+                self._next_key = None
+                self.stats.failed_flushes += 1
+                _fail(items, exc)
+                return
+            self._next_key, self._next_deadline = next_key, next_deadline
+            self.stats.flushes += 1
+            self.stats.bytes += len(body)
+            self.stats.chunks += len(items)
+            kas3_segment_size.observe(len(body))
+            for run, run_results in zip(runs, results, strict=True):
+                _after_commit(run, run_results, key, body)
+                for item, result in zip(run.items, run_results, strict=True):
+                    if not item.future.done():
+                        item.future.set_result(result)
+
+    def _commit(
+        self,
+        tr: Transaction,
+        key: str,
+        runs: list[_Run],
+        next_key: str,
+        next_deadline: int,
+    ) -> list[list[Any]]:
+        now = self._clock()
+        refs.check_intent(tr, key, now)
+        results = []
+        total_refs = 0
+        for run in runs:
+            commit = run.items[0].commit
+            if isinstance(commit, GroupCommit):
+                chunks = []
+                pos = run.start
+                for item in run.items:
+                    chunks.append((pos, pos + len(item.data), item.ctx))
+                    pos += len(item.data)
+                run_results, n = commit.commit(tr, run.items[0].group, key, chunks)
+                if len(run_results) != len(chunks):
+                    raise ValueError(
+                        f"{commit!r} returned {len(run_results)} results for {len(chunks)} chunks"
+                    )
+                total_refs += n
+                results.append(run_results)
+                continue
+            item = run.items[0]
+            result = commit(tr, key, run.start, run.end)
+            if isinstance(result, WithRefs):
+                total_refs += result.refs
+                result = result.result
+            else:
+                total_refs += item.refs
+            results.append([result])
+        refs.resolve_intent(tr, key, total_refs, now)
+        refs.register_intent(tr, next_key, next_deadline, self.node_id)
+        return results
+
+
+def _layout(items: list[_Item]) -> tuple[list[_Run], bytes]:
+    """Order chunks by group (first-seen order, submission order within a group) and cut
+    them into commit runs; returns the runs and the object body."""
+    by_group: dict[Hashable, list[_Item]] = {}
+    for item in items:
+        by_group.setdefault(item.group, []).append(item)
+    runs: list[_Run] = []
+    parts: list[bytes] = []
+    pos = 0
+    for group_items in by_group.values():
+        previous: _Run | None = None
+        for item in group_items:
+            if (
+                previous is not None
+                and isinstance(item.commit, GroupCommit)
+                and item.commit is previous.items[0].commit
+            ):
+                previous.items.append(item)
+                previous.end += len(item.data)
+            else:
+                previous = _Run(item, pos)
+                runs.append(previous)
+            parts.append(item.data)
+            pos += len(item.data)
+    return runs, b"".join(parts)
+
+
+def _after_commit(run: _Run, results: list[Any], key: str, body: bytes) -> None:
+    try:
+        commit = run.items[0].commit
+        if isinstance(commit, GroupCommit):
+            # A copy, not a view of the body: a cached view would pin the whole object.
+            data = run.items[0].data if len(run.items) == 1 else body[run.start : run.end]
+            commit.after_commit(run.items[0].group, results, key, run.start, run.end, data)
+        elif run.items[0].after is not None:
+            run.items[0].after(results[0], key, run.start, run.end)
+    except Exception:
+        log.exception("kas3 after-commit callback failed")
+
+
+def _fail(items: list[_Item], exc: BaseException) -> None:
+    for item in items:
+        if not item.future.done():
+            item.future.set_exception(exc)

@@ -1,0 +1,66 @@
+"""Errors raised by KaS3; the Kafka adapter maps them to Kafka error codes."""
+
+from __future__ import annotations
+
+from flowmq_core.errors import FlowMQError
+
+
+class Kas3Error(FlowMQError):
+    code = "kas3_error"
+
+
+class InvalidRecordBatch(Kas3Error, ValueError):
+    """Bytes that are not a sequence of complete Kafka record batches v2 (Kafka:
+    CORRUPT_MESSAGE / INVALID_RECORD)."""
+
+    code = "invalid_record_batch"
+
+
+class OffsetOutOfRange(Kas3Error):
+    """A fetch offset outside ``[log_start_offset, high_watermark]`` (Kafka:
+    OFFSET_OUT_OF_RANGE).  Carries both bounds so the adapter can apply the consumer's
+    ``auto.offset.reset`` without another round trip."""
+
+    code = "offset_out_of_range"
+
+    def __init__(self, offset: int, log_start_offset: int, high_watermark: int) -> None:
+        super().__init__(
+            f"offset {offset} is outside [{log_start_offset}, {high_watermark}]",
+            details={
+                "offset": offset,
+                "log_start_offset": log_start_offset,
+                "high_watermark": high_watermark,
+            },
+        )
+        self.offset = offset
+        self.log_start_offset = log_start_offset
+        self.high_watermark = high_watermark
+
+
+class IntentLost(Kas3Error):
+    """The to-delete entry that protected a freshly written object was claimed by GC or has
+    expired, so committing index entries to that object could leave them dangling.  The
+    write is failed (nothing acknowledged) and retried under a new object key."""
+
+    code = "kas3_intent_lost"
+
+
+class BatcherClosed(Kas3Error):
+    code = "kas3_batcher_closed"
+
+
+class CompactionConflict(Kas3Error):
+    """The index changed under a compaction run (retention or another compactor); the run is
+    abandoned and its new object scheduled for deletion."""
+
+    code = "kas3_compaction_conflict"
+
+
+__all__ = [
+    "BatcherClosed",
+    "CompactionConflict",
+    "IntentLost",
+    "InvalidRecordBatch",
+    "Kas3Error",
+    "OffsetOutOfRange",
+]

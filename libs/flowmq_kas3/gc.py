@@ -1,0 +1,101 @@
+"""Object GC: delete the objects listed in ``OBJECTS_TO_DELETE`` once they are due.
+
+Three steps per page, each crash-safe (see ``refs.py`` for the invariants):
+
+1. claim (one transaction): due entries — unreferenced objects past their grace, intents past
+   their lease — are marked ``claimed``; from then on no writer can commit index entries to
+   them (the commit's intent check fails);
+2. delete the claimed objects (idempotent: a crash here just means they are deleted again);
+3. clear (one transaction) the entries whose objects are gone.
+
+A claimed entry stays due, so a pass after a crash finishes the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import NamedTuple
+
+from flowmq_kas3 import refs
+from flowmq_kas3._util import Clock, FaultHook, fault, running_task, wall_ms
+from flowmq_meta import MetaStore, Transaction
+from flowmq_meta.keys import OBJECTS_TO_DELETE
+from flowmq_objstore import ObjectStore
+
+log = logging.getLogger("flowmq_kas3.gc")
+
+DEFAULT_PAGE = 200
+DEFAULT_CONCURRENCY = 16
+
+
+class GcResult(NamedTuple):
+    deleted: int
+    not_due: int
+    failed: int
+
+
+async def collect_garbage(
+    meta: MetaStore,
+    objects: ObjectStore,
+    *,
+    clock: Clock = wall_ms,
+    page: int = DEFAULT_PAGE,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    faults: FaultHook | None = None,
+) -> GcResult:
+    """One pass over the to-delete list."""
+    begin, end = OBJECTS_TO_DELETE.range()
+    deleted = not_due = failed = 0
+    semaphore = asyncio.Semaphore(concurrency)
+
+    def claim(tr: Transaction, cursor: bytes) -> tuple[list[str], int, bytes | None]:
+        now = clock()
+        rows = tr.get_range(cursor, end, limit=page)
+        claimed: list[str] = []
+        waiting = 0
+        for key, value in rows:
+            listing = refs.decode_listing(value)
+            if listing.state == refs.CLAIMED or listing.deadline_ms <= now:
+                if listing.state != refs.CLAIMED:
+                    tr.set(key, listing._replace(state=refs.CLAIMED).encode())
+                claimed.append(OBJECTS_TO_DELETE.unpack(key)[0])
+            else:
+                waiting += 1
+        next_cursor = rows[-1][0] + b"\x00" if len(rows) == page else None
+        return claimed, waiting, next_cursor
+
+    def clear(tr: Transaction, keys: list[str]) -> None:
+        for object_key in keys:
+            listing = refs.get_listing(tr, object_key)
+            if listing is not None and listing.state == refs.CLAIMED:
+                tr.clear(refs.listing_key(object_key))
+
+    async def delete(object_key: str) -> bool:
+        async with semaphore:
+            try:
+                await objects.delete(object_key)
+                return True
+            except Exception:
+                log.warning(
+                    "GC could not delete object %r; retrying next pass", object_key, exc_info=True
+                )
+                return False
+
+    cursor: bytes | None = begin
+    with running_task():
+        while cursor is not None:
+            claimed, waiting, next_cursor = await meta.transact(lambda tr, c=cursor: claim(tr, c))
+            not_due += waiting
+            fault(faults, "gc.after_claim")
+            if claimed:
+                ok = await asyncio.gather(*(delete(k) for k in claimed))
+                done = [k for k, success in zip(claimed, ok, strict=True) if success]
+                failed += len(claimed) - len(done)
+                fault(faults, "gc.after_delete")
+                if done:
+                    await meta.transact(lambda tr, d=done: clear(tr, d))
+                    fault(faults, "gc.after_clear")
+                deleted += len(done)
+            cursor = next_cursor
+    return GcResult(deleted, not_due, failed)

@@ -1,0 +1,315 @@
+"""Kafka record batch v2: header parsing without decompression, building, decoding.
+
+Batches are stored exactly as produced.  Everything the storage layer needs (how many offsets
+a batch occupies, its max timestamp, its size) is in the fixed 61-byte header, so appends and
+fetches never decompress; only ``decode_batch`` (routing Kafka records to MQTT/AMQP, exact
+timestamp look-ups) does.
+
+Header layout (big-endian), offsets in bytes::
+
+    0 baseOffset i64 | 8 length i32 | 12 partitionLeaderEpoch i32 | 16 magic i8 | 17 crc u32
+    21 attributes i16 | 23 lastOffsetDelta i32 | 27 firstTimestamp i64 | 35 maxTimestamp i64
+    43 producerId i64 | 51 producerEpoch i16 | 53 baseSequence i32 | 57 recordsCount i32
+
+The CRC covers bytes 21.. only, so the broker may rewrite baseOffset (and the leader epoch)
+without touching it — which is how offsets assigned at commit time reach consumers.
+
+Messages from MQTT/AMQP become records whose headers carry the canonical topic under
+``flowmq.topic`` followed by the message's user properties / AMQP headers in order, names
+unchanged.  Names starting with ``flowmq.`` are reserved for the broker.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple, Protocol
+
+import cramjam
+from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.util import calc_crc32c
+
+from flowmq_kas3.errors import InvalidRecordBatch
+
+HEADER_SIZE = 61
+# baseOffset + length: the bytes of a batch that its length field does not count.
+LOG_OVERHEAD = 12
+MAGIC_V2 = 2
+
+CODEC_NONE = 0
+CODEC_GZIP = 1
+CODEC_SNAPPY = 2
+CODEC_LZ4 = 3
+CODEC_ZSTD = 4
+CODEC_NAMES = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
+_CODEC_MASK = 0x07
+_CONTROL_MASK = 0x20
+
+TOPIC_HEADER = "flowmq.topic"
+RESERVED_HEADER_PREFIX = "flowmq."
+
+_LENGTH = struct.Struct(">i")
+BASE_OFFSET = struct.Struct(">q")
+# attributes, lastOffsetDelta, firstTimestamp, maxTimestamp (bytes 21..43)
+_MIDDLE = struct.Struct(">hiqq")
+_RECORDS_COUNT = struct.Struct(">i")
+_MIN_LENGTH = HEADER_SIZE - LOG_OVERHEAD
+
+
+class BatchInfo(NamedTuple):
+    """One batch inside a buffer, from its header alone."""
+
+    position: int  # where the batch starts in the buffer
+    size: int  # bytes, header included
+    offset_count: int  # offsets it occupies: lastOffsetDelta + 1
+    record_count: int
+    first_timestamp: int
+    max_timestamp: int
+    attributes: int
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & _CODEC_MASK
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & _CONTROL_MASK)
+
+
+class BatchesSummary(NamedTuple):
+    """What an index entry needs to know about a chunk of whole batches."""
+
+    offset_count: int
+    max_timestamp: int
+    batch_count: int
+
+
+class Record(NamedTuple):
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes | None]]
+
+
+class MessageLike(Protocol):
+    """What ``encode_messages`` reads from a message (``flowmq_core.message.Message`` fits)."""
+
+    topic: str
+    payload: bytes
+    key: bytes | None
+    headers: list[tuple[str, bytes]]
+    timestamp_ms: int
+
+
+def _batch_at(buf: bytes | bytearray | memoryview, pos: int) -> BatchInfo:
+    end = len(buf)
+    if end - pos < HEADER_SIZE:
+        raise InvalidRecordBatch(
+            f"truncated record batch at byte {pos}: {end - pos} bytes left, header needs "
+            f"{HEADER_SIZE}"
+        )
+    (length,) = _LENGTH.unpack_from(buf, pos + 8)
+    magic = buf[pos + 16]
+    if magic != MAGIC_V2:
+        raise InvalidRecordBatch(f"record batch at byte {pos} has magic {magic}, only v2 is stored")
+    size = length + LOG_OVERHEAD
+    if length < _MIN_LENGTH or pos + size > end:
+        raise InvalidRecordBatch(
+            f"record batch at byte {pos} declares length {length}, {end - pos - LOG_OVERHEAD} "
+            "bytes available"
+        )
+    attributes, last_delta, first_ts, max_ts = _MIDDLE.unpack_from(buf, pos + 21)
+    if last_delta < 0:
+        raise InvalidRecordBatch(f"record batch at byte {pos} has lastOffsetDelta {last_delta}")
+    (count,) = _RECORDS_COUNT.unpack_from(buf, pos + 57)
+    return BatchInfo(pos, size, last_delta + 1, count, first_ts, max(first_ts, max_ts), attributes)
+
+
+def iter_batches(buf: bytes | bytearray | memoryview) -> Iterable[BatchInfo]:
+    """Every batch of ``buf`` in order; raises ``InvalidRecordBatch`` on anything that is not
+    a whole number of v2 batches."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        info = _batch_at(buf, pos)
+        yield info
+        pos += info.size
+
+
+def split_batches(buf: bytes | bytearray | memoryview) -> list[memoryview]:
+    """Zero-copy views of each batch in ``buf``."""
+    view = memoryview(buf)
+    return [view[b.position : b.position + b.size] for b in iter_batches(buf)]
+
+
+def summarize(buf: bytes | bytearray | memoryview) -> BatchesSummary:
+    """Offsets occupied and max timestamp of a produced chunk, validating its framing
+    (not CRCs: the adapter checks those where the protocol asks for it)."""
+    offsets = 0
+    max_ts = -1
+    n = 0
+    for info in iter_batches(buf):
+        offsets += info.offset_count
+        if info.max_timestamp > max_ts:
+            max_ts = info.max_timestamp
+        n += 1
+    if n == 0:
+        raise InvalidRecordBatch("empty record set: nothing to append")
+    return BatchesSummary(offsets, max_ts, n)
+
+
+def patch_base_offsets(buf: bytearray | memoryview, base_offset: int) -> int:
+    """Rewrite each batch's baseOffset in place so the batches occupy consecutive offsets
+    from ``base_offset``; returns the offset after the last batch."""
+    pos = 0
+    end = len(buf)
+    offset = base_offset
+    while pos < end:
+        info = _batch_at(buf, pos)
+        BASE_OFFSET.pack_into(buf, pos, offset)
+        offset += info.offset_count
+        pos += info.size
+    return offset
+
+
+def base_offset_of(batch: bytes | bytearray | memoryview) -> int:
+    return BASE_OFFSET.unpack_from(batch, 0)[0]
+
+
+# -- compression ----------------------------------------------------------------------------
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = struct.Struct(">8sii")
+_XERIAL_BLOCK = 32 * 1024
+
+
+def compress(codec: int, data: bytes) -> bytes:
+    if codec == CODEC_GZIP:
+        return bytes(cramjam.gzip.compress(data))
+    if codec == CODEC_SNAPPY:
+        # Xerial framing, as the Java client writes it; every client reads it.
+        out = [_XERIAL_HEADER.pack(_XERIAL_MAGIC, 1, 1)]
+        for i in range(0, len(data), _XERIAL_BLOCK):
+            block = bytes(cramjam.snappy.compress_raw(data[i : i + _XERIAL_BLOCK]))
+            out.append(_LENGTH.pack(len(block)))
+            out.append(block)
+        return b"".join(out)
+    if codec == CODEC_LZ4:
+        # Kafka's LZ4 is the frame format with independent blocks.
+        comp = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+        comp.compress(data)
+        return bytes(comp.finish())
+    if codec == CODEC_ZSTD:
+        return bytes(cramjam.zstd.compress(data))
+    raise InvalidRecordBatch(f"unknown compression codec {codec}")
+
+
+def decompress(codec: int, data: bytes | memoryview) -> bytes:
+    try:
+        if codec == CODEC_GZIP:
+            return bytes(cramjam.gzip.decompress(bytes(data)))
+        if codec == CODEC_SNAPPY:
+            raw = bytes(data)
+            if raw.startswith(_XERIAL_MAGIC):
+                pos = _XERIAL_HEADER.size
+                parts = []
+                while pos < len(raw):
+                    (n,) = _LENGTH.unpack_from(raw, pos)
+                    pos += 4
+                    parts.append(bytes(cramjam.snappy.decompress_raw(raw[pos : pos + n])))
+                    pos += n
+                return b"".join(parts)
+            return bytes(cramjam.snappy.decompress_raw(raw))
+        if codec == CODEC_LZ4:
+            return bytes(cramjam.lz4.decompress(bytes(data)))
+        if codec == CODEC_ZSTD:
+            return bytes(cramjam.zstd.decompress(bytes(data)))
+    except (cramjam.DecompressionError, struct.error, ValueError) as exc:
+        raise InvalidRecordBatch(f"cannot decompress record batch (codec {codec}): {exc}") from exc
+    raise InvalidRecordBatch(f"unknown compression codec {codec}")
+
+
+# -- building --------------------------------------------------------------------------------
+
+NewRecord = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int]
+"""(key, value, headers, timestamp_ms) of a record to build."""
+
+
+def build_batch(records: Sequence[NewRecord], *, compression: int = CODEC_NONE) -> bytes:
+    """One v2 batch (base offset 0, no producer id) holding ``records`` in order."""
+    if not records:
+        raise InvalidRecordBatch("a record batch needs at least one record")
+    builder = DefaultRecordBatchBuilder(
+        magic=MAGIC_V2,
+        compression_type=CODEC_NONE,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 62,
+    )
+    for offset, (key, value, headers, timestamp) in enumerate(records):
+        builder.append(offset, timestamp, key, value, list(headers))
+    buf = builder.build()
+    if compression != CODEC_NONE:
+        body = compress(compression, bytes(buf[HEADER_SIZE:]))
+        buf = buf[:HEADER_SIZE] + body
+        _LENGTH.pack_into(buf, 8, len(buf) - LOG_OVERHEAD)
+        attributes = _MIDDLE.unpack_from(buf, 21)[0] | compression
+        struct.pack_into(">h", buf, 21, attributes)
+        struct.pack_into(">I", buf, 17, calc_crc32c(memoryview(buf)[21:]))
+    return bytes(buf)
+
+
+def encode_messages(messages: Iterable[MessageLike], *, compression: int = CODEC_NONE) -> bytes:
+    """A v2 batch of routed MQTT/AMQP messages: canonical topic as header ``flowmq.topic``,
+    then the message's own headers (user properties) in order."""
+    records: list[NewRecord] = []
+    for msg in messages:
+        headers: list[tuple[str, bytes | None]] = [(TOPIC_HEADER, msg.topic.encode())]
+        headers.extend(msg.headers)
+        records.append((msg.key, msg.payload, headers, msg.timestamp_ms))
+    return build_batch(records, compression=compression)
+
+
+# -- decoding --------------------------------------------------------------------------------
+
+
+def decode_batch(
+    batch: bytes | bytearray | memoryview, *, include_control: bool = False
+) -> list[Record]:
+    """The records of one batch, decompressed; offsets use the batch's baseOffset as it is
+    in ``batch`` (patched on fetch).  Control batches (transaction markers) give no records
+    unless ``include_control``."""
+    info = _batch_at(batch, 0)
+    if info.is_control and not include_control:
+        return []
+    buf = bytearray(memoryview(batch)[: info.size])
+    if info.compression != CODEC_NONE:
+        body = decompress(info.compression, memoryview(buf)[HEADER_SIZE:])
+        struct.pack_into(">h", buf, 21, info.attributes & ~_CODEC_MASK)
+        buf[HEADER_SIZE:] = body
+    try:
+        return [
+            Record(r.offset, r.timestamp, r.key, r.value, r.headers)
+            for r in DefaultRecordBatch(buf)
+        ]
+    except Exception as exc:  # kafka-python raises several types for corrupt records
+        raise InvalidRecordBatch(f"corrupt records in batch: {exc}") from exc
+
+
+def decode_batches(buf: bytes | bytearray | memoryview) -> list[Record]:
+    """The records of every batch in ``buf``."""
+    out: list[Record] = []
+    for view in split_batches(buf):
+        out.extend(decode_batch(view))
+    return out
+
+
+def crc_ok(batch: bytes | bytearray | memoryview) -> bool:
+    """Whether the batch's CRC-32C matches its content (bytes 21.. of the batch)."""
+    info = _batch_at(batch, 0)
+    view = memoryview(batch)
+    (crc,) = struct.unpack_from(">I", view, 17)
+    return crc == calc_crc32c(view[21 : info.size])

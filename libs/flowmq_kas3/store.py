@@ -1,0 +1,340 @@
+"""``StreamStore``: append to and read from stream partitions (DESIGN.md §5 Stream).
+
+Appends go through the shared ``GroupCommitBatcher``; offsets are assigned inside the flush
+transaction (``index.append_entry``), so any broker may append to any partition.  Reads find
+the chunk containing an offset with one reverse range read on the index and serve its bytes
+from the page cache or one ranged GET per run of adjacent chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from flowmq_kas3 import index
+from flowmq_kas3._util import running_task
+from flowmq_kas3.batcher import GroupCommit, GroupCommitBatcher
+from flowmq_kas3.errors import OffsetOutOfRange
+from flowmq_kas3.index import ChunkEntry, Partition
+from flowmq_kas3.page_cache import PageCache
+from flowmq_kas3.reader import read_chunks
+from flowmq_kas3.records import BASE_OFFSET, decode_batch, summarize
+from flowmq_kas3.segment import assemble_fetch, batch_offsets
+from flowmq_meta import MetaStore, Transaction, decode_int
+from flowmq_objstore import ObjectNotFound, ObjectStore
+
+# Kafka ListOffsets sentinels.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+
+# Index entries looked at per fetch beyond the first; a fetch returns at most this many + 1
+# chunks, which bounds the transaction however large max_bytes is.
+DEFAULT_FETCH_LOOKAHEAD = 64
+_SCAN_PAGE = 1000
+# A fetch whose chunk vanished (retention + GC between index read and GET) re-plans.
+_FETCH_ATTEMPTS = 3
+
+
+class FetchResult(NamedTuple):
+    records: bytearray  # whole v2 batches, base offsets patched; empty at the HWM
+    high_watermark: int
+    log_start_offset: int
+
+
+class PartitionInfo(NamedTuple):
+    log_start_offset: int
+    high_watermark: int
+    size_bytes: int
+
+
+class _PartitionCommit(GroupCommit):
+    """All chunks a flush carries for one partition become ONE index entry (they are
+    adjacent in the object); each producer gets the base offset of its own chunk."""
+
+    def __init__(self, store: StreamStore) -> None:
+        self._store = store
+
+    def commit(
+        self, tr: Transaction, group: Partition, object_key: str, chunks: list[tuple[int, int, Any]]
+    ) -> tuple[list[int], int]:
+        total = 0
+        max_ts = -1
+        for _, _, (count, ts) in chunks:
+            total += count
+            max_ts = max(max_ts, ts)
+        base = index.append_entry(tr, group, object_key, chunks[0][0], chunks[-1][1], total, max_ts)
+        results = []
+        offset = base
+        for _, _, (count, _) in chunks:
+            results.append(offset)
+            offset += count
+        return results, 1
+
+    def after_commit(
+        self,
+        group: Partition,
+        results: list[Any],
+        object_key: str,
+        start: int,
+        end: int,
+        data: bytes,
+    ) -> None:
+        self._store._committed(group, (object_key, start, end), data)
+
+
+class StreamStore:
+    def __init__(
+        self,
+        meta: MetaStore,
+        objects: ObjectStore,
+        batcher: GroupCommitBatcher,
+        page_cache: PageCache | None = None,
+        *,
+        fetch_lookahead: int = DEFAULT_FETCH_LOOKAHEAD,
+        watch_remote: bool = True,
+    ) -> None:
+        """``watch_remote``: long polls also watch the HWM key in the meta store, so appends
+        by other brokers wake them (off: only this broker's appends do)."""
+        self.meta = meta
+        self.objects = objects
+        self.batcher = batcher
+        self.page_cache = page_cache if page_cache is not None else PageCache()
+        self.fetch_lookahead = fetch_lookahead
+        self.watch_remote = watch_remote
+        self._waiters: dict[Partition, list[asyncio.Future[None]]] = {}
+        self._commit = _PartitionCommit(self)
+
+    # -- append ------------------------------------------------------------------------------
+
+    def append_nowait(
+        self, ns: str, stream: str, partition: int, records: bytes
+    ) -> asyncio.Future[int]:
+        """Submit one produced record set (one or more whole v2 batches) and return the
+        future of its base offset, resolved once durable.  Raises ``InvalidRecordBatch``
+        at once for malformed framing.  Lets an adapter submit every partition of a Produce
+        request before awaiting any."""
+        summary = summarize(records)
+        return self.batcher.submit_grouped(
+            (ns, stream, partition),
+            records,
+            self._commit,
+            (summary.offset_count, summary.max_timestamp),
+        )
+
+    async def append(self, ns: str, stream: str, partition: int, records: bytes) -> int:
+        """Append and wait until durable; returns the base offset assigned to the first
+        batch (the following batches take the next offsets)."""
+        return await self.append_nowait(ns, stream, partition, records)
+
+    async def append_many(
+        self, items: Sequence[tuple[str, str, int, bytes]], *, return_exceptions: bool = False
+    ) -> list[Any]:
+        """Append several record sets (any partitions) in the same flush where possible."""
+        futures = []
+        for ns, stream, partition, records in items:
+            try:
+                futures.append(self.append_nowait(ns, stream, partition, records))
+            except Exception as exc:
+                if not return_exceptions:
+                    for f in futures:
+                        f.add_done_callback(_consume)
+                    raise
+                futures.append(_failed(exc))
+        return list(await asyncio.gather(*futures, return_exceptions=return_exceptions))
+
+    def _committed(self, p: Partition, location: tuple[str, int, int], data: bytes) -> None:
+        self.page_cache.put(location, data)
+        waiters = self._waiters.pop(p, None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    async def partition_info(self, ns: str, stream: str, partition: int) -> PartitionInfo:
+        p: Partition = (ns, stream, partition)
+
+        def txn(tr: Transaction) -> PartitionInfo:
+            hwm = index.read_hwm(tr, p)
+            size = decode_int(tr.get(index.bytes_key(p)))
+            return PartitionInfo(index.log_start(tr, p, hwm), hwm, size)
+
+        return await self.meta.transact(txn)
+
+    async def high_watermark(self, ns: str, stream: str, partition: int) -> int:
+        p: Partition = (ns, stream, partition)
+        return await self.meta.transact(lambda tr: index.read_hwm(tr, p))
+
+    async def log_start_offset(self, ns: str, stream: str, partition: int) -> int:
+        return (await self.partition_info(ns, stream, partition)).log_start_offset
+
+    async def offset_for_timestamp(
+        self, ns: str, stream: str, partition: int, timestamp: int
+    ) -> tuple[int, int] | None:
+        """Kafka ListOffsets: ``(offset, timestamp)`` of the earliest record whose timestamp
+        is >= ``timestamp``, or None if there is none (Kafka answers offset -1).  The
+        sentinels -1 (latest) and -2 (earliest) give ``(hwm, -1)`` and ``(log start, -1)``."""
+        if timestamp in (LATEST_TIMESTAMP, EARLIEST_TIMESTAMP):
+            info = await self.partition_info(ns, stream, partition)
+            if timestamp == LATEST_TIMESTAMP:
+                return info.high_watermark, -1
+            return info.log_start_offset, -1
+        p: Partition = (ns, stream, partition)
+        cursor: int | None = None
+        while True:
+            # The max timestamps are not monotonic (producers set them), so scan in order
+            # for the first chunk that reaches ``timestamp``, as Kafka's time index does.
+            page = await self.meta.transact(
+                lambda tr, c=cursor: index.first_entries(tr, p, _SCAN_PAGE, c)
+            )
+            for entry in page:
+                if entry.max_timestamp >= timestamp:
+                    found = await self._timestamp_in_chunk(entry, timestamp)
+                    if found is not None:
+                        return found
+            if len(page) < _SCAN_PAGE:
+                return None
+            cursor = page[-1].next_offset
+
+    async def _timestamp_in_chunk(
+        self, entry: ChunkEntry, timestamp: int
+    ) -> tuple[int, int] | None:
+        ((_, data),) = await read_chunks(self.objects, self.page_cache, [entry])
+        for offset, pos, size in batch_offsets(entry.base_offset, data):
+            batch = bytearray(memoryview(data)[pos : pos + size])
+            for record in decode_batch(_with_base(batch, offset)):
+                if record.timestamp >= timestamp:
+                    return record.offset, record.timestamp
+        return None
+
+    # -- fetch -------------------------------------------------------------------------------
+
+    async def fetch(
+        self, ns: str, stream: str, partition: int, offset: int, max_bytes: int
+    ) -> FetchResult:
+        """Whole batches from the one containing ``offset``, up to ``max_bytes`` (at least
+        one batch if there is any).  Raises ``OffsetOutOfRange`` outside
+        ``[log_start_offset, high_watermark]``; at the HWM returns no records."""
+        p: Partition = (ns, stream, partition)
+        with running_task():
+            for attempt in range(_FETCH_ATTEMPTS):
+                hwm, start, entries = await self.meta.transact(
+                    lambda tr: self._plan_fetch(tr, p, offset, max_bytes)
+                )
+                if not entries:
+                    return FetchResult(bytearray(), hwm, start)
+                try:
+                    chunks = await read_chunks(self.objects, self.page_cache, entries)
+                except ObjectNotFound:
+                    if attempt == _FETCH_ATTEMPTS - 1:
+                        raise
+                    continue
+                return FetchResult(assemble_fetch(chunks, offset, max_bytes), hwm, start)
+        raise AssertionError("unreachable")
+
+    def _plan_fetch(
+        self, tr: Transaction, p: Partition, offset: int, max_bytes: int
+    ) -> tuple[int, int, list[ChunkEntry]]:
+        hwm = index.read_hwm(tr, p)
+        start = index.log_start(tr, p, hwm)
+        if offset < start or offset > hwm:
+            raise OffsetOutOfRange(offset, start, hwm)
+        if offset == hwm:
+            return hwm, start, []
+        first = index.entry_containing(tr, p, offset)
+        if first is None:  # the index and HWM disagree: treat as retention racing us
+            raise OffsetOutOfRange(offset, start, hwm)
+        entries = [first]
+        total = first.size
+        if total < max_bytes and first.next_offset < hwm:
+            for entry in index.first_entries(tr, p, self.fetch_lookahead, first.next_offset):
+                if total >= max_bytes:
+                    break
+                entries.append(entry)
+                total += entry.size
+        return hwm, start, entries
+
+    # -- long poll ---------------------------------------------------------------------------
+
+    def waiting(self, ns: str, stream: str, partition: int) -> int:
+        """Long polls of this broker now waiting on the partition (for metrics and tests)."""
+        return len(self._waiters.get((ns, stream, partition), ()))
+
+    async def wait_for_data(
+        self, ns: str, stream: str, partition: int, offset: int, timeout: float
+    ) -> bool:
+        """Wait until the partition's HWM passes ``offset`` or ``timeout`` seconds pass;
+        True if data arrived (or may have: wake-ups can be spurious, fetch to see)."""
+        return await self.wait_for_any([(ns, stream, partition, offset)], timeout)
+
+    async def wait_for_any(
+        self, positions: Sequence[tuple[str, str, int, int]], timeout: float
+    ) -> bool:
+        """As ``wait_for_data`` for several partitions (a Fetch request): returns when any
+        of them has data past its offset."""
+        if not positions:
+            return False
+        loop = asyncio.get_running_loop()
+        local: asyncio.Future[None] = loop.create_future()
+        parts: list[tuple[Partition, int]] = [((ns, s, p), o) for ns, s, p, o in positions]
+        # Registered before reading the HWMs, so an append committing in between still wakes.
+        for p, _ in parts:
+            self._waiters.setdefault(p, []).append(local)
+        watch_tasks: list[asyncio.Future[Any]] = []
+        watches: list[Any] = []
+        try:
+
+            def check(tr: Transaction) -> list[Any] | None:
+                for p, o in parts:
+                    if index.read_hwm(tr, p) > o:
+                        return None
+                if not self.watch_remote:
+                    return []
+                return [tr.watch(index.hwm_key(p)) for p, _ in parts]
+
+            found = await self.meta.transact(check)
+            if found is None:
+                return True
+            watches = found
+            watch_tasks = [asyncio.ensure_future(w) for w in watches]
+            try:
+                async with asyncio.timeout(timeout):
+                    await asyncio.wait([local, *watch_tasks], return_when=asyncio.FIRST_COMPLETED)
+            except TimeoutError:
+                return False
+            return True
+        finally:
+            for p, _ in parts:
+                waiters = self._waiters.get(p)
+                if waiters is not None:
+                    with contextlib.suppress(ValueError):
+                        waiters.remove(local)
+                    if not waiters:
+                        del self._waiters[p]
+            if not local.done():
+                local.cancel()
+            for w in watches:
+                w.cancel()
+            for t in watch_tasks:
+                t.cancel()
+            if watch_tasks:
+                await asyncio.gather(*watch_tasks, return_exceptions=True)
+
+
+def _with_base(batch: bytearray, offset: int) -> bytearray:
+    BASE_OFFSET.pack_into(batch, 0, offset)
+    return batch
+
+
+def _failed(exc: BaseException) -> asyncio.Future[Any]:
+    fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    fut.set_exception(exc)
+    return fut
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()

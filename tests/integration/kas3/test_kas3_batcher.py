@@ -1,0 +1,345 @@
+"""The generic group-commit batcher: one PUT + one transaction per flush, the flush policy,
+and failures that acknowledge nothing — with a queue-like commit to show it is generic."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from flowmq_kas3 import GroupCommit, GroupCommitBatcher, IntentLost, WithRefs, collect_garbage
+from flowmq_kas3.refs import ABANDON_GRACE_MS, INTENT, decode_listing, ref_count
+from flowmq_meta import MetaError, Transaction
+from flowmq_meta.keys import OBJECT_REFS, OBJECTS_TO_DELETE, SETTINGS
+from flowmq_objstore import ObjectStoreError
+
+from .conftest import CountingMetaStore, CountingObjectStore
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def recording_commit(tag: str):
+    """A commit that writes one key naming where its bytes went (as a queue's ready entry
+    would) and returns that location."""
+
+    def commit(tr: Transaction, key: str, start: int, end: int) -> tuple[str, int, int]:
+        tr.set(SETTINGS.pack("test", tag), f"{key}|{start}|{end}".encode())
+        return key, start, end
+
+    return commit
+
+
+async def read_setting(meta: CountingMetaStore, tag: str) -> bytes | None:
+    return await meta.inner.get(SETTINGS.pack("test", tag))
+
+
+async def test_one_put_and_one_transaction_per_flush_for_many_groups(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
+    await batcher.start()
+    puts, txns = objects.puts, meta.transactions
+    futures = [
+        batcher.submit(("ns", f"s{g % 50}", g % 7), f"chunk-{g}".encode(), recording_commit(str(g)))
+        for g in range(400)
+    ]
+    await batcher.flush()
+    results = [f.result() for f in futures]
+    assert objects.puts - puts == 1
+    assert meta.transactions - txns == 1
+    assert batcher.stats.flushes == 1
+    key = results[0][0]
+    assert all(r[0] == key for r in results)
+    body = await objects.get(key)
+    # every chunk's byte range holds its data; each group's chunks are contiguous, in order
+    for g, (_, start, end) in enumerate(results):
+        assert body[start:end] == f"chunk-{g}".encode()
+    by_group: dict[tuple, list[tuple[int, int]]] = {}
+    for g, (_, start, end) in enumerate(results):
+        by_group.setdefault(("ns", f"s{g % 50}", g % 7), []).append((start, end))
+    for ranges in by_group.values():
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert await read_setting(meta, "399") == f"{key}|{results[399][1]}|{results[399][2]}".encode()
+    # the object's reference count is the number of entries written, set in that same txn
+    assert await meta.inner.transact(lambda tr: ref_count(tr, key)) == 400
+    await batcher.close()
+
+
+async def test_flushes_under_load_cost_one_put_and_one_transaction_each(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = GroupCommitBatcher(meta, objects, size_threshold=64 * 1024, flush_interval=0.002)
+    await batcher.start()
+    puts, txns = objects.puts, meta.transactions
+
+    async def producer(n: int) -> None:
+        for i in range(30):
+            await batcher.write(n % 12, b"x" * 4096, recording_commit(f"{n}-{i}"))
+
+    await asyncio.gather(*(producer(n) for n in range(24)))
+    assert batcher.stats.flushes >= 2
+    assert objects.puts - puts == batcher.stats.flushes
+    assert meta.transactions - txns == batcher.stats.flushes
+    assert batcher.stats.chunks == 24 * 30
+    await batcher.close()
+
+
+async def test_flush_by_size_does_not_wait_for_the_interval(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = GroupCommitBatcher(meta, objects, size_threshold=10_000, flush_interval=3600)
+    await batcher.start()
+    small = batcher.submit("g", b"a" * 4000, recording_commit("a"))
+    await asyncio.sleep(0.05)  # gives a wrongly eager batcher the chance to flush early
+    assert not small.done() and batcher.stats.flushes == 0
+    second = batcher.submit("g", b"b" * 4000, recording_commit("b"))
+    third = batcher.submit("g", b"c" * 4000, recording_commit("c"))
+    await asyncio.wait_for(asyncio.gather(small, second, third), 5)
+    assert batcher.stats.flushes == 1
+    await batcher.close()
+
+
+async def test_flush_by_time_when_below_the_size_threshold(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    interval = 0.05
+    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=interval)
+    await batcher.start()
+    started = time.monotonic()
+    await asyncio.wait_for(batcher.write("g", b"tiny", recording_commit("t")), 5)
+    assert time.monotonic() - started >= interval * 0.9
+    assert batcher.stats.flushes == 1
+    await batcher.close()
+
+
+async def test_items_arriving_during_a_flush_wait_for_the_next(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=0.001)
+    await batcher.start()
+    gate = asyncio.Event()
+    objects.put_gate = gate
+    first = batcher.submit("g", b"first", recording_commit("first"))
+    await objects.put_waiting.wait()
+    later = [
+        batcher.submit("g", f"later-{i}".encode(), recording_commit(f"l{i}")) for i in range(5)
+    ]
+    gate.set()
+    objects.put_gate = None
+    key1 = (await first)[0]
+    keys = {(await f)[0] for f in later}
+    assert len(keys) == 1 and key1 not in keys
+    assert batcher.stats.flushes == 2
+    # flushes commit in order: the later object's chunks were committed after the first's
+    assert await read_setting(meta, "first") is not None
+    await batcher.close()
+
+
+async def test_failed_put_fails_every_waiter_and_acknowledges_nothing(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
+    await batcher.start()
+    objects.fail_puts = 1
+    futures = [batcher.submit(i % 3, b"data", recording_commit(f"f{i}")) for i in range(9)]
+    await batcher.flush()
+    for f in futures:
+        with pytest.raises(ObjectStoreError):
+            f.result()
+    for i in range(9):
+        assert await read_setting(meta, f"f{i}") is None
+    # the batcher recovers: the next flush works
+    ok = batcher.submit("g", b"ok", recording_commit("ok"))
+    await batcher.flush()
+    assert ok.result()[0]
+    await batcher.close()
+
+
+async def test_failed_transaction_fails_every_waiter_and_leaves_no_orphan(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    now = [1_000_000_000]
+    batcher = GroupCommitBatcher(
+        meta, objects, size_threshold=1 << 30, flush_interval=3600, clock=lambda: now[0]
+    )
+    await batcher.start()
+    meta.fail_transactions = 1
+    futures = [batcher.submit(i % 3, b"data", recording_commit(f"f{i}")) for i in range(9)]
+    await batcher.flush()
+    for f in futures:
+        with pytest.raises(MetaError):
+            f.result()
+    for i in range(9):
+        assert await read_setting(meta, f"f{i}") is None
+    [orphan] = await objects.list()
+    # the object whose commit failed is still listed (as the intent it was written under)
+    assert await meta.inner.get(OBJECTS_TO_DELETE.pack(orphan)) is not None
+    next_flush = batcher.submit("g", b"ok", recording_commit("ok"))
+    await batcher.flush()
+    ok = next_flush.result()
+    assert ok[0] != orphan
+    # ... and the next flush handed it to GC, which deletes it after a grace period
+    await collect_garbage(meta, objects, clock=lambda: now[0])
+    assert orphan in await objects.list()
+    now[0] += ABANDON_GRACE_MS
+    await collect_garbage(meta, objects, clock=lambda: now[0])
+    assert await objects.list() == [ok[0]]
+    await batcher.close()
+
+
+async def test_a_commit_raising_fails_the_whole_flush(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
+    await batcher.start()
+
+    def bad(tr: Transaction, key: str, start: int, end: int) -> None:
+        raise ValueError("rejected")
+
+    good = batcher.submit("a", b"1", recording_commit("good"))
+    failing = batcher.submit("b", b"2", bad)
+    await batcher.flush()
+    with pytest.raises(ValueError):
+        failing.result()
+    with pytest.raises(ValueError):
+        good.result()
+    assert await read_setting(meta, "good") is None
+    await batcher.close()
+
+
+async def test_refs_follow_what_commits_report(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
+    await batcher.start()
+
+    def commit_declining(tr: Transaction, key: str, start: int, end: int) -> WithRefs:
+        return WithRefs(key, 0)  # e.g. a duplicate the commit chose not to index
+
+    def commit_three(tr: Transaction, key: str, start: int, end: int) -> str:
+        return key
+
+    a = batcher.submit("q", b"abc", commit_three, refs=3)
+    b = batcher.submit("q", b"def", commit_declining)
+    await batcher.flush()
+    key = a.result()
+    assert await meta.inner.transact(lambda tr: ref_count(tr, key)) == 3
+    # an object nobody indexed goes straight to the to-delete list
+    only = batcher.submit("q", b"dup", commit_declining)
+    await batcher.flush()
+    assert await meta.inner.get(OBJECTS_TO_DELETE.pack(only.result())) is not None
+    assert await meta.inner.get(OBJECT_REFS.pack(only.result())) is None
+    assert b.result() == key
+    await batcher.close()
+
+
+async def test_a_claimed_intent_fails_the_flush(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    """If GC claimed the object key (lease expired during a stuck PUT), committing index
+    entries would point them at an object being deleted: the flush fails instead."""
+    now = [1_000_000_000]
+    batcher = GroupCommitBatcher(
+        meta, objects, size_threshold=1 << 30, flush_interval=3600, clock=lambda: now[0]
+    )
+    await batcher.start()
+    gate = asyncio.Event()
+    objects.put_gate = gate
+    fut = batcher.submit("g", b"data", recording_commit("x"))
+    flushing = asyncio.ensure_future(batcher.flush())
+    await objects.put_waiting.wait()
+    now[0] += batcher.intent_lease_ms + 1
+    await collect_garbage(meta, objects, clock=lambda: now[0])  # claims the expired intent
+    gate.set()
+    await flushing
+    with pytest.raises(IntentLost):
+        fut.result()
+    objects.put_gate = None
+    retry = batcher.submit("g", b"again", recording_commit("y"))
+    await batcher.flush()
+    again = retry.result()
+    # the object written under the lost intent was listed again, and GC removes it
+    now[0] += ABANDON_GRACE_MS
+    await collect_garbage(meta, objects, clock=lambda: now[0])
+    assert await objects.list() == [again[0]]
+    await batcher.close()
+
+
+async def test_close_flushes_pending_and_releases_the_unused_intent(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
+    await batcher.start()
+    fut = batcher.submit("g", b"data", recording_commit("c"))
+    await batcher.close()
+    assert fut.result()
+    listed = await meta.inner.transact(lambda tr: tr.get_range(*OBJECTS_TO_DELETE.range()))
+    assert all(decode_listing(v).state != INTENT for _, v in listed)
+
+
+class RecordingGroupCommit(GroupCommit):
+    """Like a stream partition: one entry per group per flush, results per chunk."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, str, list[tuple[int, int, object]]]] = []
+        self.after: list[tuple[object, list, int, int, bytes]] = []
+
+    def commit(self, tr, group, object_key, chunks):
+        self.calls.append((group, object_key, chunks))
+        tr.set(SETTINGS.pack("group", str(group)), object_key.encode())
+        return [ctx for _, _, ctx in chunks], 1
+
+    def after_commit(self, group, results, object_key, start, end, data) -> None:
+        self.after.append((group, results, start, end, bytes(data)))
+
+
+async def test_group_commit_is_called_once_per_group_per_flush(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
+    await batcher.start()
+    gc = RecordingGroupCommit()
+    futures = [batcher.submit_grouped(f"g{i % 3}", f"<{i}>".encode(), gc, ctx=i) for i in range(9)]
+    plain = batcher.submit("g0", b"<plain>", recording_commit("plain"))
+    await batcher.flush()
+    assert [f.result() for f in futures] == list(range(9))
+    assert sorted(g for g, _, _ in gc.calls) == ["g0", "g1", "g2"]
+    key = plain.result()[0]
+    body = await objects.get(key)
+    for _, _, chunks in gc.calls:
+        assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:], strict=False))  # adjacent
+        assert body[chunks[0][0] : chunks[-1][1]] == b"".join(
+            f"<{ctx}>".encode() for _, _, ctx in chunks
+        )
+    for group, results, start, end, data in gc.after:
+        assert data == body[start:end]
+        assert results == [i for i in range(9) if f"g{i % 3}" == group]
+    # 3 group entries + 1 plain entry point into the object
+    assert await meta.inner.transact(lambda tr: ref_count(tr, key)) == 4
+    await batcher.close()
+
+
+async def test_a_flush_after_a_long_idle_period_renews_the_intent_first(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    now = [1_000_000_000]
+    batcher = GroupCommitBatcher(
+        meta, objects, size_threshold=1 << 30, flush_interval=3600, clock=lambda: now[0]
+    )
+    await batcher.start()
+    now[0] += batcher.intent_lease_ms  # the first intent has expired meanwhile
+    fut = batcher.submit("g", b"late", recording_commit("late"))
+    await batcher.flush()
+    assert fut.result()
+    assert batcher.stats.intent_transactions == 2
+    await batcher.close()
+
+
+def test_default_flush_interval_depends_on_the_object_store(tmp_path) -> None:
+    from flowmq_kas3 import default_flush_interval
+    from flowmq_objstore import FileObjectStore, S3ObjectStore
+
+    assert default_flush_interval(FileObjectStore(tmp_path)) <= 0.005
+    s3 = S3ObjectStore("bucket", endpoint_url="http://127.0.0.1:1", url="s3://bucket")
+    assert default_flush_interval(s3) == 0.1

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import socket
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,12 @@ from flowmq_broker.admin_token import load_or_create_token
 from flowmq_broker.mqtt.server import MqttServer
 from flowmq_broker.nodes import NodeRegistry
 from flowmq_broker.routing import CatalogSync, Router
+from flowmq_broker.streams import StreamDestinationType
 from flowmq_core.config import BrokerConfig
 from flowmq_core.message import Message
+from flowmq_kas3.batcher import GroupCommitBatcher
+from flowmq_kas3.page_cache import PageCache
+from flowmq_kas3.store import StreamStore
 from flowmq_meta import open_meta_store
 from flowmq_meta.api import MetaError, MetaStore
 from flowmq_meta.catalog import Catalog, Destination
@@ -31,6 +36,9 @@ log = logging.getLogger(__name__)
 
 # Protocol adapters built so far; a role whose adapter is not built yet is not started.
 BUILT_ROLES = ("mqtt", "admin")
+
+
+PAGE_CACHE_BYTES = 64 * 1024 * 1024
 
 
 class StartupError(Exception):
@@ -62,6 +70,8 @@ class Broker:
         self.token_generated = False
         self._runner: web.AppRunner | None = None
         self.mqtt: MqttServer | None = None
+        self.batcher: GroupCommitBatcher | None = None
+        self.streams: StreamStore | None = None
         self._stopped = asyncio.Event()
 
     # --- AdminBackend ---------------------------------------------------------------
@@ -101,6 +111,12 @@ class Broker:
             await self.catalog.ensure_namespace()
         except MetaError as exc:
             raise StartupError(f"meta store {cfg.meta}: {exc}") from None
+        self.batcher = GroupCommitBatcher(self.meta, self.objects, node_id=self._node_key())
+        await self.batcher.start()
+        self.streams = StreamStore(
+            self.meta, self.objects, self.batcher, PageCache(PAGE_CACHE_BYTES)
+        )
+        self.router.register_type(StreamDestinationType(self.streams, self.router))
         self.users = UserDirectory(self.meta)
         self.sync = CatalogSync(self.catalog, self.router)
         self.sync.on_change.append(self.users.refresh)
@@ -153,6 +169,11 @@ class Broker:
             ) from None
         self.ports["http"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
+    def _node_key(self) -> str:
+        """A name unique to this process for the objects it writes (node ids may be derived
+        from the HTTP port, which is not known yet)."""
+        return self.config.node_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
     async def _start_mqtt(self) -> None:
         assert self.meta is not None and self.objects is not None
         self.mqtt = MqttServer(
@@ -181,6 +202,11 @@ class Broker:
             await self.mqtt.stop()
         if self.sync is not None:
             await self.sync.stop()
+        if self.batcher is not None:
+            try:
+                await self.batcher.close()
+            except Exception:
+                log.exception("could not flush the batcher")
         if self.nodes_registry is not None:
             try:
                 await self.nodes_registry.stop()

@@ -73,7 +73,6 @@ from flowmq_wire.mqtt.primitives import (
     MAX_VBI,
     decode_binary,
     decode_string,
-    decode_u16,
     encode_binary,
     encode_string,
     encode_vbi,
@@ -118,6 +117,10 @@ _TO_CLIENT[5] = _TO_CLIENT[4] | {DISCONNECT, AUTH}
 
 _pack_BBH = struct.Struct(">BBH").pack
 _pack_BBBH = struct.Struct(">BBBH").pack
+
+
+def _type_name(ptype: int) -> str:
+    return PACKET_NAMES[ptype] if ptype else "reserved packet type 0"
 
 
 def _long_remaining_length(buf: bytes, pos: int, n: int) -> tuple[int, int]:
@@ -219,7 +222,14 @@ class MqttDecoder:
         out: list[Packet] = []
         append = out.append
         limit = self._limit
-        level = self.protocol_level if self.connected else None
+        if not self.connected and n and buf[0] & 0xF0 != 0x10:
+            # Rejected on its first byte: nothing before CONNECT is worth buffering.
+            e = ProtocolViolation(f"first packet must be CONNECT, got {_type_name(buf[0] >> 4)}")
+            e.packet_type = buf[0] >> 4
+            raise e
+        # None until CONNECT is decoded; the PUBLISH paths cannot be reached before that
+        # because the first packet was checked to be a CONNECT above.
+        level = self.protocol_level
         b0 = 0
         try:
             while True:
@@ -245,32 +255,15 @@ class MqttDecoder:
                 if end > n:
                     need = end - pos
                     break
-                if b0 & 0xF0 == 0x30 and level is not None:
-                    # PUBLISH, inlined: it is most of the traffic.
-                    if start + 2 > end:
-                        raise MalformedPacket("PUBLISH topic length runs past the packet")
-                    q = start + 2 + ((buf[start] << 8) | buf[start + 1])
-                    qos = (b0 >> 1) & 3
-                    if qos:
-                        if qos == 3:
-                            raise MalformedPacket("PUBLISH with QoS 3")
-                        if q + 2 > end:
-                            raise MalformedPacket("PUBLISH topic or packet id runs past the packet")
-                        packet_id: int | None = (buf[q] << 8) | buf[q + 1]
-                        if not packet_id:
-                            raise ProtocolViolation("PUBLISH with QoS > 0 and packet identifier 0")
-                        p = q + 2
-                    else:
-                        if b0 & 8:
-                            raise MalformedPacket("DUP flag set on a QoS 0 PUBLISH")
-                        if q > end:
-                            raise MalformedPacket("PUBLISH topic runs past the packet")
-                        packet_id = None
-                        p = q
-                    try:
-                        topic = buf[start + 2 : q].decode()
-                    except UnicodeDecodeError as e:
-                        raise MalformedPacket(f"topic is not well-formed UTF-8 ({e.reason})") from None
+                # PUBLISH is decoded inline: it is most of the traffic. A read past the end of
+                # ``buf`` (a field cut short by the end of the data) raises IndexError, which
+                # is turned into MalformedPacket below; reads past ``end`` are checked.
+                if b0 == 0x30:
+                    # QoS 0, no retain, no dup: the commonest packet of all.
+                    p = start + 2 + ((buf[start] << 8) | buf[start + 1])
+                    if p > end:
+                        raise MalformedPacket("PUBLISH topic runs past the packet")
+                    topic = buf[start + 2 : p].decode()
                     if "\x00" in topic:
                         raise MalformedPacket("topic contains U+0000")
                     if level == 5:
@@ -280,15 +273,56 @@ class MqttDecoder:
                         else:
                             props, p = decode_properties(buf, p, end, PUBLISH)
                         if not topic and "topic_alias" not in props:
-                            raise ProtocolViolation("PUBLISH with an empty topic and no topic alias")
+                            raise ProtocolViolation(
+                                "PUBLISH with an empty topic and no topic alias"
+                            )
+                    else:
+                        props = EMPTY_PROPERTIES
+                        if not topic:
+                            raise ProtocolViolation("PUBLISH with an empty topic")
+                    append(Publish(topic, buf[p:end], 0, False, False, None, props))
+                elif b0 & 0xF0 == 0x30:
+                    q = start + 2 + ((buf[start] << 8) | buf[start + 1])
+                    qos = (b0 >> 1) & 3
+                    if qos:
+                        if qos == 3:
+                            raise MalformedPacket("PUBLISH with QoS 3")
+                        p = q + 2
+                        if p > end:
+                            raise MalformedPacket("PUBLISH topic or packet id runs past the packet")
+                        packet_id: int | None = (buf[q] << 8) | buf[q + 1]
+                        if not packet_id:
+                            raise ProtocolViolation("PUBLISH with QoS > 0 and packet identifier 0")
+                    else:
+                        if b0 & 8:
+                            raise MalformedPacket("DUP flag set on a QoS 0 PUBLISH")
+                        if q > end:
+                            raise MalformedPacket("PUBLISH topic runs past the packet")
+                        packet_id = None
+                        p = q
+                    topic = buf[start + 2 : q].decode()
+                    if "\x00" in topic:
+                        raise MalformedPacket("topic contains U+0000")
+                    if level == 5:
+                        if p < end and buf[p] == 0:
+                            props = EMPTY_PROPERTIES
+                            p += 1
+                        else:
+                            props, p = decode_properties(buf, p, end, PUBLISH)
+                        if not topic and "topic_alias" not in props:
+                            raise ProtocolViolation(
+                                "PUBLISH with an empty topic and no topic alias"
+                            )
                     else:
                         props = EMPTY_PROPERTIES
                         if not topic:
                             raise ProtocolViolation("PUBLISH with an empty topic")
                     append(
-                        Publish(topic, buf[p:end], qos, (b0 & 1) != 0, (b0 & 8) != 0, packet_id, props)
+                        Publish(
+                            topic, buf[p:end], qos, (b0 & 1) != 0, (b0 & 8) != 0, packet_id, props
+                        )
                     )
-                elif b0 == 0x40 and rl == 2 and level is not None:
+                elif b0 == 0x40 and rl == 2:
                     # Plain PUBACK, the other half of QoS 1 traffic.
                     packet_id = (buf[start] << 8) | buf[start + 1]
                     if not packet_id:
@@ -299,11 +333,19 @@ class MqttDecoder:
                     if level is None:
                         level = self.protocol_level
                 pos = end
-        except MqttCodecError as e:
+        except (MqttCodecError, IndexError, UnicodeDecodeError) as exc:
+            if isinstance(exc, IndexError):
+                e: MqttCodecError = MalformedPacket("field runs past the end of the packet")
+            elif isinstance(exc, UnicodeDecodeError):
+                e = MalformedPacket(f"topic is not well-formed UTF-8 ({exc.reason})")
+            else:
+                e = exc
             e.packets = out
             if e.packet_type is None:
                 e.packet_type = b0 >> 4
-            raise
+            if e is exc:
+                raise
+            raise e from None
         if pos < n:
             self._tail = bytearray(buf[pos:]) if pos else bytearray(buf)
             self._need = need
@@ -320,7 +362,7 @@ class MqttDecoder:
                 raise MalformedPacket("reserved fixed header flags set on CONNECT")
             return self._decode_connect(buf, start, end)
         if not self.connected:
-            raise ProtocolViolation(f"first packet must be CONNECT, got {PACKET_NAMES.get(ptype)}")
+            raise ProtocolViolation(f"first packet must be CONNECT, got {_type_name(ptype)}")
         level = self.protocol_level
         assert level is not None
         if ptype not in (_TO_SERVER if self.server else _TO_CLIENT)[level]:
@@ -611,30 +653,25 @@ def encode_publish(
     level 4. ``packet_id`` is required for QoS 1 and 2."""
     t = topic.encode() if topic.__class__ is str else topic  # type: ignore[union-attr]
     tl = len(t)
-    b0 = 0x30 | (qos << 1)
-    if retain:
-        b0 |= 1
-    if dup:
-        b0 |= 8
+    b0 = 0x30 | (qos << 1) | (0x01 if retain else 0) | (0x08 if dup else 0)
     if protocol_level == 5:
-        props = encode_properties(properties) if properties else b"\x00"
+        mid = encode_properties(properties) if properties else b"\x00"
         if qos:
-            mid = pack_u16(packet_id) + props  # type: ignore[arg-type]
-        else:
-            mid = props
+            mid = pack_u16(packet_id) + mid  # type: ignore[arg-type]
     elif qos:
         mid = pack_u16(packet_id)  # type: ignore[arg-type]
     else:
-        rl = 2 + tl + len(payload)
-        if rl < 0x80:
-            return _pack_BBH(b0, rl, tl) + t + payload  # type: ignore[operator]
         mid = b""
     rl = 2 + tl + len(mid) + len(payload)
     if rl < 0x80:
-        return _pack_BBH(b0, rl, tl) + t + mid + payload  # type: ignore[operator]
-    if rl < 0x4000:
-        return _pack_BBBH(b0, (rl & 0x7F) | 0x80, rl >> 7, tl) + t + mid + payload  # type: ignore[operator]
-    return bytes((b0,)) + encode_vbi(rl) + pack_u16(tl) + t + mid + payload  # type: ignore[operator]
+        header = _pack_BBH(b0, rl, tl)
+    elif rl < 0x4000:
+        header = _pack_BBBH(b0, (rl & 0x7F) | 0x80, rl >> 7, tl)
+    else:
+        header = bytes((b0,)) + encode_vbi(rl) + pack_u16(tl)
+    if mid:
+        return b"".join((header, t, mid, payload))  # type: ignore[arg-type]
+    return header + t + payload  # type: ignore[operator]
 
 
 class PreparedPublish:
@@ -646,7 +683,7 @@ class PreparedPublish:
     properties (v5 subscription identifiers, topic aliases) need their own ``encode_publish``.
     """
 
-    __slots__ = ("_head", "_tail", "_size", "_qos0")
+    __slots__ = ("_head", "_tail", "_size", "_qos0", "_prefixes")
 
     def __init__(
         self,
@@ -657,29 +694,35 @@ class PreparedPublish:
     ) -> None:
         t = topic.encode() if isinstance(topic, str) else bytes(topic)
         self._head = pack_u16(len(t)) + t
-        props = (encode_properties(properties) if properties else b"\x00") if protocol_level == 5 else b""
+        props = b""
+        if protocol_level == 5:
+            props = encode_properties(properties) if properties else b"\x00"
         self._tail = props + bytes(payload)
         self._size = len(self._head) + len(self._tail)
+        if self._size + 2 > MAX_VBI:
+            raise ValueError("PUBLISH too large for MQTT")
         self._qos0: list[bytes | None] = [None, None]
+        # Fixed header + topic per flag nibble, so a QoS 1/2 packet is two concatenations.
+        self._prefixes: dict[int, bytes] = {}
 
     def encode(
         self, qos: int = 0, retain: bool = False, dup: bool = False, packet_id: int | None = None
     ) -> bytes:
-        """The PUBLISH for one subscriber."""
+        """The PUBLISH for one subscriber (``packet_id`` required for QoS 1 and 2)."""
         if not qos:
             cached = self._qos0[retain]
             if cached is None:
-                cached = self._qos0[retain] = _frame(0x31 if retain else 0x30, self._head + self._tail)
+                cached = self._qos0[retain] = _frame(
+                    0x31 if retain else 0x30, self._head + self._tail
+                )
             return cached
-        b0 = 0x30 | (qos << 1)
-        if retain:
-            b0 |= 1
-        if dup:
-            b0 |= 8
-        rl = self._size + 2
-        if rl < 0x80:
-            return bytes((b0, rl)) + self._head + pack_u16(packet_id) + self._tail  # type: ignore[arg-type]
-        return bytes((b0,)) + encode_vbi(rl) + self._head + pack_u16(packet_id) + self._tail  # type: ignore[arg-type]
+        flags = (qos << 1) | retain | (dup << 3)
+        prefix = self._prefixes.get(flags)
+        if prefix is None:
+            prefix = self._prefixes[flags] = (
+                bytes((0x30 | flags,)) + encode_vbi(self._size + 2) + self._head
+            )
+        return prefix + pack_u16(packet_id) + self._tail  # type: ignore[arg-type]
 
 
 def _encode_connect(p: Connect, level: int) -> bytes:
@@ -711,7 +754,9 @@ def _encode_connect(p: Connect, level: int) -> bytes:
 
 def _encode_connack(p: Connack, level: int) -> bytes:
     if level == 5:
-        return _frame(0x20, bytes((p.session_present, p.reason_code)) + encode_properties(p.properties))
+        return _frame(
+            0x20, bytes((p.session_present, p.reason_code)) + encode_properties(p.properties)
+        )
     return bytes((0x20, 2, p.session_present, rc.connack_v5_to_v311(p.reason_code)))
 
 
@@ -726,7 +771,9 @@ def _encode_pub_response(p: Puback, level: int) -> bytes:
     if level == 5 and (p.reason_code or p.properties):
         if not p.properties:
             return bytes((b0, 3)) + pack_u16(p.packet_id) + bytes((p.reason_code,))
-        return _frame(b0, pack_u16(p.packet_id) + bytes((p.reason_code,)) + encode_properties(p.properties))
+        return _frame(
+            b0, pack_u16(p.packet_id) + bytes((p.reason_code,)) + encode_properties(p.properties)
+        )
     return bytes((b0, 2)) + pack_u16(p.packet_id)
 
 
@@ -785,22 +832,23 @@ def _encode_pingresp(p: Pingresp, level: int) -> bytes:
     return b"\xd0\x00"
 
 
-def _encode_reason_and_properties(b0: int, code: int, props: Properties, level: int) -> bytes:
-    if level == 4 or (not code and not props):
-        return bytes((b0, 0))
-    if not props:
-        return bytes((b0, 1, code))
-    return _frame(b0, bytes((code,)) + encode_properties(props))
-
-
 def _encode_disconnect(p: Disconnect, level: int) -> bytes:
-    return _encode_reason_and_properties(0xE0, p.reason_code, p.properties, level)
+    code = p.reason_code
+    props = p.properties
+    if level == 4 or (not code and not props):
+        return b"\xe0\x00"
+    if not props:  # "If the Remaining Length is less than 2, a value of 0 is used" (§3.14.2.2.1)
+        return bytes((0xE0, 1, code))
+    return _frame(0xE0, bytes((code,)) + encode_properties(props))
 
 
 def _encode_auth(p: Auth, level: int) -> bytes:
     if level != 5:
         raise ValueError("AUTH exists only in MQTT 5")
-    return _encode_reason_and_properties(0xF0, p.reason_code, p.properties, level)
+    if not p.reason_code and not p.properties:
+        return b"\xf0\x00"  # §3.15.2.1 allows omitting both
+    # Unlike DISCONNECT, AUTH has no rule for a missing property length: always write it.
+    return _frame(0xF0, bytes((p.reason_code,)) + encode_properties(p.properties))
 
 
 _ENCODERS: dict[type, Callable[[Any, int], bytes]] = {

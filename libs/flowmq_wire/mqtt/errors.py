@@ -54,7 +54,9 @@ class PacketTooLarge(MqttCodecError):
     limit: int
 
     def __init__(self, size: int, limit: int) -> None:
-        super().__init__(rc.PACKET_TOO_LARGE, f"packet of {size} bytes exceeds the limit of {limit}")
+        super().__init__(
+            rc.PACKET_TOO_LARGE, f"packet of {size} bytes exceeds the limit of {limit}"
+        )
         self.size = size
         self.limit = limit
 

@@ -37,7 +37,6 @@ from flowmq_wire.mqtt.packets import (
     SUBACK,
     SUBSCRIBE,
     UNSUBACK,
-    UNSUBSCRIBE,
     WILL,
     Properties,
 )

@@ -219,11 +219,41 @@ async def test_http_publish_bad_input(api):
 
 
 async def test_http_publish_to_a_destination_without_storage_is_refused(api):
-    # Stream storage (KaS3) is its own issue; until it is served, a publish that would reach
-    # a stream must not be acknowledged as if it were stored.
-    await api.call("POST", "/api/v1/streams", json={"name": "t", "topic_filters": ["t/#"]})
+    # Queue storage is its own issue; until it is served, a publish that would reach a queue
+    # must not be acknowledged as if it were stored.
+    await api.call("POST", "/api/v1/queues", json={"name": "t", "topic_filter": "t/#"})
     status, body = await api.call("POST", "/api/v1/topics/t/1/messages", json={"payload": "x"})
-    assert_error(status, body, 503, "destination_unavailable", "stream", "'t'")
+    assert_error(status, body, 503, "destination_unavailable", "queue", "'t'")
+
+
+async def test_http_publish_into_a_stream_is_stored(api, broker):
+    from flowmq_kas3.records import decode_batches
+
+    await api.call(
+        "POST",
+        "/api/v1/streams",
+        json={"name": "events", "topic_filters": ["events/#"], "partitions": 2},
+    )
+    status, body = await api.call(
+        "POST",
+        "/api/v1/topics/events/a/messages/batch",
+        json={
+            "messages": [{"payload": f"m{i}", "key": "k", "headers": {"h": "v"}} for i in range(5)]
+        },
+    )
+    assert status == 200 and all(
+        r["destinations"][0]["name"] == "events" for r in body["data"]["results"]
+    )
+    # One key, so one partition (Kafka's partitioner), in publish order.
+    records = []
+    for partition in (0, 1):
+        fetched = await broker.streams.fetch("default", "events", partition, 0, 1 << 20)
+        records += decode_batches(fetched.records)
+    assert [r.value for r in records] == [f"m{i}".encode() for i in range(5)]
+    assert [r.offset for r in records] == list(range(5))
+    assert records[0].key == b"k"
+    assert b"events/a" in [v for k, v in records[0].headers if k == "flowmq.topic"]
+    assert ("h", b"v") in records[0].headers
 
 
 async def test_metrics_endpoints_need_no_token(broker):

@@ -93,6 +93,9 @@ class Router:
         for type_name in {*counts, "stream", "queue"}:
             metrics.broker_destinations.labels(type_name).set(counts.get(type_name, 0))
 
+    def destinations(self) -> list[Destination]:
+        return list(self._destinations.values())
+
     def destination(self, binding: Binding) -> Destination | None:
         return self._destinations.get(binding)
 

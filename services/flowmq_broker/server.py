@@ -22,6 +22,9 @@ from flowmq_broker.routing import CatalogSync, Router
 from flowmq_broker.streams import StreamDestinationType
 from flowmq_core.config import BrokerConfig
 from flowmq_core.message import Message
+from flowmq_core.periodic import PeriodicTask
+from flowmq_jobs.stream_maintenance import INTERVAL_S as STREAM_MAINTENANCE_INTERVAL_S
+from flowmq_jobs.stream_maintenance import StreamMaintenance
 from flowmq_kas3.batcher import GroupCommitBatcher
 from flowmq_kas3.page_cache import PageCache
 from flowmq_kas3.store import StreamStore
@@ -72,6 +75,7 @@ class Broker:
         self.mqtt: MqttServer | None = None
         self.batcher: GroupCommitBatcher | None = None
         self.streams: StreamStore | None = None
+        self.maintenance: PeriodicTask | None = None
         self._stopped = asyncio.Event()
 
     # --- AdminBackend ---------------------------------------------------------------
@@ -111,12 +115,20 @@ class Broker:
             await self.catalog.ensure_namespace()
         except MetaError as exc:
             raise StartupError(f"meta store {cfg.meta}: {exc}") from None
-        self.batcher = GroupCommitBatcher(self.meta, self.objects, node_id=self._node_key())
+        object_owner = self._node_key()
+        self.batcher = GroupCommitBatcher(self.meta, self.objects, node_id=object_owner)
         await self.batcher.start()
         self.streams = StreamStore(
             self.meta, self.objects, self.batcher, PageCache(PAGE_CACHE_BYTES)
         )
         self.router.register_type(StreamDestinationType(self.streams, self.router))
+        self.maintenance = PeriodicTask(
+            "stream-maintenance",
+            STREAM_MAINTENANCE_INTERVAL_S,
+            StreamMaintenance(
+                self.meta, self.objects, self.router.destinations, self._node_key()
+            ).run_once,
+        )
         self.users = UserDirectory(self.meta)
         self.sync = CatalogSync(self.catalog, self.router)
         self.sync.on_change.append(self.users.refresh)
@@ -144,6 +156,7 @@ class Broker:
             self.meta, self.node_id, {"roles": cfg.roles, "ports": self.ports}
         )
         await self.nodes_registry.start()
+        self.maintenance.start()
         self._write_ports()
         log.info(
             "node %s ready: %s", self.node_id, ", ".join(f"{k}={v}" for k, v in self.ports.items())
@@ -198,6 +211,8 @@ class Broker:
         os.replace(tmp, path)
 
     async def stop(self) -> None:
+        if self.maintenance is not None:
+            await self.maintenance.stop()
         if self.mqtt is not None:
             await self.mqtt.stop()
         if self.sync is not None:

@@ -1,0 +1,1 @@
+from tests.fixtures.inprocess import TOKEN, Api, api, broker  # noqa: F401

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -37,8 +38,12 @@ from flowmq_objstore.api import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
-# Protocol adapters built so far; a role whose adapter is not built yet is not started.
-BUILT_ROLES = ("mqtt", "admin")
+PROTOCOL_ADAPTERS = {
+    # role: (module, class, config key of its port).  A role whose module does not exist yet
+    # is simply not started.
+    "kafka": ("flowmq_broker.kafka.server", "KafkaServer", "kafka_port"),
+    "amqp": ("flowmq_broker.amqp.server", "AmqpServer", "amqp_port"),
+}
 
 
 PAGE_CACHE_BYTES = 64 * 1024 * 1024
@@ -73,6 +78,7 @@ class Broker:
         self.token_generated = False
         self._runner: web.AppRunner | None = None
         self.mqtt: MqttServer | None = None
+        self.adapters: dict[str, Any] = {}
         self.batcher: GroupCommitBatcher | None = None
         self.streams: StreamStore | None = None
         self.maintenance: PeriodicTask | None = None
@@ -150,8 +156,8 @@ class Broker:
         if "mqtt" in cfg.roles:
             await self._start_mqtt()
         for role in cfg.roles:
-            if role not in BUILT_ROLES:
-                log.info("%s listener: not built yet in this version; not started", role)
+            if role in PROTOCOL_ADAPTERS:
+                await self._start_adapter(role)
         self.nodes_registry = NodeRegistry(
             self.meta, self.node_id, {"roles": cfg.roles, "ports": self.ports}
         )
@@ -204,6 +210,26 @@ class Broker:
                 f"cannot listen on MQTT port {self.config.mqtt_port}: {exc.strerror}"
             ) from None
 
+    async def _start_adapter(self, role: str) -> None:
+        """Start a protocol adapter: ``cls(broker)``, ``await start(port) -> bound port``,
+        ``await stop()``.  Adapters reach the shared parts (router, catalog, streams, meta,
+        users, node id) through the broker object."""
+        module_name, class_name, port_key = PROTOCOL_ADAPTERS[role]
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module_name.startswith(exc.name):
+                raise
+            log.info("%s listener: not built yet in this version; not started", role)
+            return
+        adapter = getattr(module, class_name)(self)
+        port = getattr(self.config, port_key)
+        try:
+            self.ports[role] = await adapter.start(port)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {role} port {port}: {exc.strerror}") from None
+        self.adapters[role] = adapter
+
     def _write_ports(self) -> None:
         path = self.data_dir / "ports.json"
         tmp = path.with_suffix(".json.tmp")
@@ -211,6 +237,11 @@ class Broker:
         os.replace(tmp, path)
 
     async def stop(self) -> None:
+        for role, adapter in list(self.adapters.items()):
+            try:
+                await adapter.stop()
+            except Exception:
+                log.exception("could not stop the %s adapter", role)
         if self.maintenance is not None:
             await self.maintenance.stop()
         if self.mqtt is not None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import flowmq_metrics as metrics
 from flowmq_core.errors import FlowMQError
@@ -100,11 +102,14 @@ class Router:
         return self._destinations.get(binding)
 
     def dispatch(
-        self, namespace: str, message: Message
+        self, namespace: str, message: Message, *, exclude: Binding | None = None
     ) -> tuple[frozenset[Binding], list[Awaitable[None]]]:
-        """Hand ``message`` to every matching destination; return the bindings and the
-        awaitables that complete when the durable ones have it."""
+        """Hand ``message`` to every matching destination but ``exclude`` (the Stream a
+        Kafka producer already appended it to); return the bindings and the awaitables that
+        complete when the durable ones have it."""
         bindings = self.match(namespace, message.topic)
+        if exclude is not None and exclude in bindings:
+            bindings = bindings - {exclude}
         pending: list[Awaitable[None]] = []
         for binding in bindings:
             dest_type = self._types.get(binding.type)
@@ -117,10 +122,19 @@ class Router:
             result = self._types[binding.type].accept(binding, message)
             if result is not None:
                 pending.append(result)
-        metrics.broker_messages_published_count.labels(namespace).inc()
+        published, dispatched = _routing_metrics(namespace)
+        published.inc()
         if bindings:
-            metrics.broker_messages_dispatched_count.labels(namespace).inc(len(bindings))
+            dispatched.inc(len(bindings))
         return bindings, pending
+
+
+@functools.cache
+def _routing_metrics(namespace: str) -> tuple[Any, Any]:
+    return (
+        metrics.broker_messages_published_count.labels(namespace),
+        metrics.broker_messages_dispatched_count.labels(namespace),
+    )
 
 
 class CatalogSync:

@@ -14,8 +14,7 @@ import secrets
 from collections import deque
 from typing import Any
 
-import flowmq_metrics as metrics
-from flowmq_broker.mqtt.server import MqttServer, now_ms, session_enqueue
+from flowmq_broker.mqtt.server import MqttServer, mqtt_metrics, now_ms, session_enqueue
 from flowmq_broker.mqtt.session import NEVER_EXPIRES, Outgoing, Session, Subscription
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.errors import InvalidFilter, InvalidTopic
@@ -70,7 +69,9 @@ class MqttConnection(asyncio.Protocol):
         self.last_rx = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._out: list[bytes] = []
-        self._flush_scheduled = False
+        self._out_bytes = 0
+        self._dirty = False
+        self.m = mqtt_metrics(self.namespace)
         self.client_receive_maximum = 65535
         self.client_max_packet: int | None = None
         self.client_alias_maximum = 0
@@ -92,6 +93,18 @@ class MqttConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_rx = self._loop.time()
+        server = self.server
+        server.current_publisher = self
+        try:
+            self._process(data)
+        finally:
+            server.current_publisher = None
+            # Everything this read produced — acks and every subscriber's deliveries — goes
+            # out now, one write per connection (uvloop reads a socket many times per wake-up
+            # before running callbacks: waiting for call_soon would send megabyte bursts).
+            server.flush_dirty()
+
+    def _process(self, data: bytes) -> None:
         try:
             packets = self.decoder.feed(data)
         except MqttCodecError as exc:
@@ -108,15 +121,22 @@ class MqttConnection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         self._out.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self._out_bytes += len(data)
+        if not self._dirty:
+            self._dirty = True
+            self.server.mark_dirty(self)
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
+    def flush(self) -> None:
+        self._dirty = False
         if self._out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self._out))
+            self.transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
         self._out.clear()
+        self._out_bytes = 0
+
+    def backlog(self) -> int:
+        """Bytes written but not yet taken by the client."""
+        transport = self.transport
+        return self._out_bytes + (transport.get_write_buffer_size() if transport else 0)
 
     def send(self, packet: Any) -> None:
         self.write(encode(packet, self.level))
@@ -126,7 +146,7 @@ class MqttConnection(asyncio.Protocol):
         if self.closing:
             return
         self.closing = True
-        self._flush()
+        self.flush()
         if self.transport is not None:
             self.transport.close()
 
@@ -165,6 +185,7 @@ class MqttConnection(asyncio.Protocol):
         self.closing = True
         self.transport = None
         self._out.clear()
+        self._out_bytes = 0
         if self._timer is not None:
             self._timer.cancel()
         self.server.connections.discard(self)
@@ -183,7 +204,7 @@ class MqttConnection(asyncio.Protocol):
         session = self.session
         if session is None or session.connection is not self:
             return None
-        metrics.mqtt_connections.labels(self.namespace).dec()
+        self.m.connections.dec()
         session.connection = None
         if self.will is not None:
             self._schedule_will(session)
@@ -313,7 +334,7 @@ class MqttConnection(asyncio.Protocol):
         self.session = session
         self.will = p.will
         self.keep_alive = p.keep_alive
-        metrics.mqtt_connections.labels(self.namespace).inc()
+        self.m.connections.inc()
 
         ack_props: dict[str, Any] = {}
         if v5:
@@ -418,8 +439,9 @@ class MqttConnection(asyncio.Protocol):
             self.disconnect(rc.RECEIVE_MAXIMUM_EXCEEDED, "too many unacknowledged QoS 1/2 PUBLISH")
             return
         namespace = self.namespace
-        metrics.mqtt_messages_in_count.labels(namespace).inc()
-        metrics.mqtt_messages_in_bytes_count.labels(namespace).inc(len(p.payload))
+        m = self.m
+        m.messages_in.inc()
+        m.bytes_in.inc(len(p.payload))
         if not self.server.authorizer.allow(self.client_id, self.username, "publish", topic):
             if qos:
                 ack = Puback if qos == 1 else Pubrec
@@ -439,7 +461,7 @@ class MqttConnection(asyncio.Protocol):
             if qos:
                 self._refuse(packet_id, qos, str(exc))
             else:
-                metrics.mqtt_messages_dropped_count.labels(namespace).inc()
+                self.m.dropped.inc()
             for awaitable in pending:
                 self._loop.create_task(self._log_failure(awaitable))
             return
@@ -511,17 +533,17 @@ class MqttConnection(asyncio.Protocol):
         session = self.session
         assert session is not None
         if message.expiry_ms is not None and message.expiry_ms <= now_ms():
-            metrics.mqtt_messages_dropped_count.labels(self.namespace).inc()
+            self.m.dropped.inc()
             return
         if qos == 0:
-            transport = self.transport
-            if transport is None or transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-                metrics.mqtt_messages_dropped_count.labels(self.namespace).inc()
+            if self.transport is None or self.backlog() > WRITE_HIGH_WATER:
+                self.m.dropped.inc()
                 return
             self._deliver(message, 0, retain, identifiers, None)
             return
         if len(session.inflight) >= self.client_receive_maximum:
             session_enqueue(session, message, qos, retain, identifiers)
+            self.server.check_congestion(session)
             return
         packet_id = session.allocate_packet_id()
         session.inflight[packet_id] = Outgoing(
@@ -583,11 +605,12 @@ class MqttConnection(asyncio.Protocol):
     def _emit(self, data: bytes, message: Message) -> None:
         if self.client_max_packet is not None and len(data) > self.client_max_packet:
             # MQTT 5 §3.1.2.11.4: discard as if delivered.
-            metrics.mqtt_messages_dropped_count.labels(self.namespace).inc()
+            self.m.dropped.inc()
             return
         self.write(data)
-        metrics.mqtt_messages_out_count.labels(self.namespace).inc()
-        metrics.mqtt_messages_out_bytes_count.labels(self.namespace).inc(len(message.payload))
+        m = self.m
+        m.messages_out.inc()
+        m.bytes_out.inc(len(message.payload))
 
     def _properties(self, message: Message) -> dict[str, Any]:
         if self.level != 5:
@@ -610,10 +633,11 @@ class MqttConnection(asyncio.Protocol):
     def _send_queued(self) -> None:
         session = self.session
         assert session is not None
+        self.server.relieve(session)
         while session.queue and len(session.inflight) < self.client_receive_maximum:
             message, qos, retain, extra = session.queue.popleft()
             if message.expiry_ms is not None and message.expiry_ms <= now_ms():
-                metrics.mqtt_messages_dropped_count.labels(self.namespace).inc()
+                self.m.dropped.inc()
                 continue
             packet_id = session.allocate_packet_id()
             session.inflight[packet_id] = Outgoing(message, qos, retain, extra)

@@ -8,11 +8,12 @@ delivering each message to one member).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import flowmq_metrics as metrics
 from flowmq_broker.mqtt.retained import RetainedStore
@@ -30,6 +31,33 @@ log = logging.getLogger(__name__)
 
 SUBSCRIPTION = "subscription"
 SHARED = "shared"
+# A session with more QoS 1/2 messages waiting than this pauses reading from publishers until
+# it is below RESUME_BELOW: bounded memory without dropping acknowledged messages.
+PAUSE_ABOVE = 1000
+RESUME_BELOW = 500
+
+
+class MqttMetrics(NamedTuple):
+    """One namespace's labelled metric children, looked up once instead of per message."""
+
+    connections: Any
+    messages_in: Any
+    bytes_in: Any
+    messages_out: Any
+    bytes_out: Any
+    dropped: Any
+
+
+@functools.cache
+def mqtt_metrics(namespace: str) -> MqttMetrics:
+    return MqttMetrics(
+        metrics.mqtt_connections.labels(namespace),
+        metrics.mqtt_messages_in_count.labels(namespace),
+        metrics.mqtt_messages_in_bytes_count.labels(namespace),
+        metrics.mqtt_messages_out_count.labels(namespace),
+        metrics.mqtt_messages_out_bytes_count.labels(namespace),
+        metrics.mqtt_messages_dropped_count.labels(namespace),
+    )
 
 
 class Authorizer:
@@ -64,6 +92,11 @@ class MqttServer:
         self.authorizer = Authorizer()
         self.connections: set[Any] = set()
         self._server: asyncio.base_events.Server | None = None
+        self.dirty: list[Any] = []
+        self._flush_scheduled = False
+        self.current_publisher: Any = None
+        self.congested: set[Session] = set()
+        self.paused: set[Any] = set()
         self._encode_cache_key: Any = None
         self._encode_cache: dict[Any, bytes] = {}
         router.register_type(_SubscriptionType(self))
@@ -204,6 +237,38 @@ class MqttServer:
         except Exception:
             log.exception("could not remove session %s from the meta store", session.client_id)
 
+    # --- output and flow control -----------------------------------------------------------
+    def mark_dirty(self, connection: Any) -> None:
+        self.dirty.append(connection)
+        if not self._flush_scheduled:  # writes made outside a read (timers, HTTP publish)
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush_dirty)
+
+    def flush_dirty(self) -> None:
+        self._flush_scheduled = False
+        dirty, self.dirty = self.dirty, []
+        for connection in dirty:
+            connection.flush()
+
+    def check_congestion(self, session: Session) -> None:
+        """Pause the publisher whose message just queued up behind a slow subscriber."""
+        if len(session.queue) <= PAUSE_ABOVE:
+            return
+        self.congested.add(session)
+        publisher = self.current_publisher
+        if publisher is not None and publisher not in self.paused and publisher.transport:
+            publisher.transport.pause_reading()
+            self.paused.add(publisher)
+
+    def relieve(self, session: Session) -> None:
+        if session in self.congested and len(session.queue) < RESUME_BELOW:
+            self.congested.discard(session)
+        if not self.congested and self.paused:
+            paused, self.paused = self.paused, set()
+            for publisher in paused:
+                if publisher.transport is not None:
+                    publisher.transport.resume_reading()
+
     # --- delivery ------------------------------------------------------------------------
     def deliver(self, session: Session, message: Message, subs: list[Subscription]) -> None:
         origin = message.properties.get("origin")
@@ -238,7 +303,7 @@ def session_enqueue(
 
     if len(session.queue) >= MAX_QUEUED:
         session.queue.popleft()
-        metrics.mqtt_messages_dropped_count.labels(session.namespace).inc()
+        mqtt_metrics(session.namespace).dropped.inc()
     session.queue.append((message, qos, retain, {"subscription_identifier": identifiers}))
 
 

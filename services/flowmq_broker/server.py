@@ -90,6 +90,8 @@ class Broker:
         return [dest for dest in found if dest is not None]
 
     async def publish(self, namespace: str, message: Message) -> list[Destination]:
+        if message.retain and self.mqtt is not None:
+            await self.mqtt.retained.set(namespace, message)
         bindings, pending = self.router.dispatch(namespace, message)
         if pending:
             await asyncio.gather(*pending)

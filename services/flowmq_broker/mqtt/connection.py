@@ -206,6 +206,8 @@ class MqttConnection(asyncio.Protocol):
             return None
         self.m.connections.dec()
         session.connection = None
+        self.server.paused.discard(self)
+        self.server.relieve(session)
         if self.will is not None:
             self._schedule_will(session)
         return session
@@ -218,6 +220,8 @@ class MqttConnection(asyncio.Protocol):
     def _schedule_will(self, session: Session) -> None:
         will, namespace, client_id = self.will, self.namespace, self.client_id
         self.will = None
+        if not self.server.authorizer.allow(client_id, self.username, "publish", will.topic):
+            return
         delay = will.properties.get("will_delay_interval", 0) if self.level == 5 else 0
 
         def publish_will() -> None:
@@ -262,6 +266,8 @@ class MqttConnection(asyncio.Protocol):
 
     def _check_keep_alive(self) -> None:
         limit = self.keep_alive * 1.5
+        if self in self.server.paused:  # we stopped reading it: its silence is ours
+            self.last_rx = self._loop.time()
         idle = self._loop.time() - self.last_rx
         if idle >= limit:
             self.disconnect(
@@ -364,6 +370,15 @@ class MqttConnection(asyncio.Protocol):
         return rc.BAD_USER_NAME_OR_PASSWORD if p.username is not None else rc.NOT_AUTHORIZED
 
     def _resume(self, session: Session) -> None:
+        # The client may come back with a smaller receive maximum: resend what fits (PUBREL
+        # stages first, they hold a slot whatever we do) and queue the rest again in order.
+        pending = sorted(session.inflight.items(), key=lambda item: not item[1].released)
+        surplus = pending[self.client_receive_maximum :]
+        for packet_id, out in reversed(surplus):
+            if out.released:
+                continue
+            del session.inflight[packet_id]
+            session.queue.appendleft((out.message, out.qos, out.retain, out.properties))
         for packet_id, out in list(session.inflight.items()):
             if out.released:
                 self.send(Pubrel(packet_id))
@@ -573,7 +588,7 @@ class MqttConnection(asyncio.Protocol):
             ),
         )
         data = prepared.encode(qos, retain, False, packet_id)
-        self._emit(data, message)
+        self._emit(data, message, packet_id)
 
     def _write_publish(
         self,
@@ -586,6 +601,7 @@ class MqttConnection(asyncio.Protocol):
     ) -> None:
         topic = message.topic
         props = self._properties(message) if self.level == 5 else {}
+        new_alias = None
         if self.level == 5:
             if extra.get("subscription_identifier"):
                 props["subscription_identifier"] = extra["subscription_identifier"]
@@ -595,22 +611,26 @@ class MqttConnection(asyncio.Protocol):
                     props["topic_alias"] = alias
                     topic = ""
                 elif len(self.out_aliases) < self.client_alias_maximum:
-                    alias = self.out_aliases[topic] = len(self.out_aliases) + 1
-                    props["topic_alias"] = alias
+                    new_alias = self.out_aliases[topic] = len(self.out_aliases) + 1
+                    props["topic_alias"] = new_alias
         data = encode_publish(
             topic, message.payload, qos, retain, dup, packet_id, props, self.level
         )
-        self._emit(data, message)
+        if not self._emit(data, message, packet_id) and new_alias is not None:
+            del self.out_aliases[message.topic]  # the client never learnt it
 
-    def _emit(self, data: bytes, message: Message) -> None:
+    def _emit(self, data: bytes, message: Message, packet_id: int | None) -> bool:
         if self.client_max_packet is not None and len(data) > self.client_max_packet:
-            # MQTT 5 §3.1.2.11.4: discard as if delivered.
+            # MQTT 5 §3.1.2.11.4: discard as if delivered — so it holds no in-flight slot.
             self.m.dropped.inc()
-            return
+            if packet_id is not None and self.session is not None:
+                self.session.inflight.pop(packet_id, None)
+            return False
         self.write(data)
         m = self.m
         m.messages_out.inc()
         m.bytes_out.inc(len(message.payload))
+        return True
 
     def _properties(self, message: Message) -> dict[str, Any]:
         if self.level != 5:

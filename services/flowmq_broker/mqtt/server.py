@@ -171,6 +171,8 @@ class MqttServer:
             self.router.unbind(Binding(SHARED, session.namespace, name), sub.topic_filter)
 
     def discard_session(self, session: Session) -> None:
+        session.connection = None
+        self.relieve(session)
         for sub in list(session.subscriptions.values()):
             self.unbind(session, sub)
         session.subscriptions.clear()
@@ -251,8 +253,9 @@ class MqttServer:
             connection.flush()
 
     def check_congestion(self, session: Session) -> None:
-        """Pause the publisher whose message just queued up behind a slow subscriber."""
-        if len(session.queue) <= PAUSE_ABOVE:
+        """Pause the publisher whose message just queued up behind a slow subscriber (an
+        online one: an offline session's queue is bounded instead, never holding others up)."""
+        if len(session.queue) <= PAUSE_ABOVE or not session.online:
             return
         self.congested.add(session)
         publisher = self.current_publisher
@@ -261,7 +264,8 @@ class MqttServer:
             self.paused.add(publisher)
 
     def relieve(self, session: Session) -> None:
-        if session in self.congested and len(session.queue) < RESUME_BELOW:
+        """Called when a session's queue shrank or it went away (offline, discarded)."""
+        if session in self.congested and (len(session.queue) < RESUME_BELOW or not session.online):
             self.congested.discard(session)
         if not self.congested and self.paused:
             paused, self.paused = self.paused, set()

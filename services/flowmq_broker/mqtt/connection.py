@@ -17,9 +17,9 @@ from typing import Any
 from flowmq_broker.mqtt.server import MqttServer, mqtt_metrics, now_ms, session_enqueue
 from flowmq_broker.mqtt.session import NEVER_EXPIRES, Outgoing, Session, Subscription
 from flowmq_broker.routing import DestinationUnavailable
-from flowmq_core.errors import InvalidFilter, InvalidTopic
+from flowmq_core.errors import InvalidFilter
 from flowmq_core.message import Message
-from flowmq_core.topics import parse_shared, validate_subscription_filter, validate_topic
+from flowmq_core.topics import parse_shared, validate_subscription_filter
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_wire.mqtt import reason_codes as rc
 from flowmq_wire.mqtt.codec import MqttDecoder, PreparedPublish, encode, encode_publish
@@ -440,10 +440,9 @@ class MqttConnection(asyncio.Protocol):
                     if not topic:
                         self.disconnect(rc.PROTOCOL_ERROR, f"unknown topic alias {alias}")
                         return
-        try:
-            validate_topic(topic)
-        except InvalidTopic as exc:
-            self.disconnect(rc.TOPIC_NAME_INVALID, str(exc))
+        # The codec has already checked UTF-8, U+0000 and length; wildcards are left to us.
+        if "+" in topic or "#" in topic:
+            self.disconnect(rc.TOPIC_NAME_INVALID, f"wildcard in PUBLISH topic {topic[:100]!r}")
             return
         qos = p.qos
         packet_id = p.packet_id
@@ -714,6 +713,7 @@ class MqttConnection(asyncio.Protocol):
             if existed:
                 server.unbind(session, session.subscriptions[topic_filter])
             session.subscriptions[topic_filter] = sub
+            session.subscriptions_changed()
             server.bind(session, sub)
             codes.append(options.qos)
             send_retained = shared is None and (
@@ -738,6 +738,7 @@ class MqttConnection(asyncio.Protocol):
         codes = []
         for topic_filter in p.filters:
             sub = session.subscriptions.pop(topic_filter, None)
+            session.subscriptions_changed()
             if sub is None:
                 codes.append(rc.NO_SUBSCRIPTION_EXISTED)
             else:

@@ -176,6 +176,7 @@ class MqttServer:
         for sub in list(session.subscriptions.values()):
             self.unbind(session, sub)
         session.subscriptions.clear()
+        session.subscriptions_changed()
         if self.sessions.get((session.namespace, session.client_id)) is session:
             del self.sessions[(session.namespace, session.client_id)]
         if session.expiry_handle is not None:
@@ -210,6 +211,7 @@ class MqttServer:
                     else sub.topic_filter
                 )
                 session.subscriptions[full] = sub
+                session.subscriptions_changed()
                 self.bind(session, sub)
             self.sessions[(namespace, client_id)] = session
             if session.expiry_interval != NEVER_EXPIRES:
@@ -275,14 +277,19 @@ class MqttServer:
 
     # --- delivery ------------------------------------------------------------------------
     def deliver(self, session: Session, message: Message, subs: list[Subscription]) -> None:
-        origin = message.properties.get("origin")
-        if origin == session.client_id:
+        if message.properties.get("origin") == session.client_id:
             subs = [s for s in subs if not s.options.no_local]
             if not subs:
                 return
-        qos = min(message.qos, max(s.options.qos for s in subs))
-        retain = message.retain and any(s.options.retain_as_published for s in subs)
-        identifiers = [s.identifier for s in subs if s.identifier]
+        if len(subs) == 1:  # the common case, without the generator machinery
+            options = subs[0].options
+            qos = message.qos if message.qos < options.qos else options.qos
+            retain = message.retain and options.retain_as_published
+            identifiers = [subs[0].identifier] if subs[0].identifier else _NO_IDS
+        else:
+            qos = min(message.qos, max(s.options.qos for s in subs))
+            retain = message.retain and any(s.options.retain_as_published for s in subs)
+            identifiers = [s.identifier for s in subs if s.identifier]
         connection = session.connection
         if connection is not None:
             connection.send_message(message, qos, retain, identifiers)
@@ -311,6 +318,9 @@ def session_enqueue(
     session.queue.append((message, qos, retain, {"subscription_identifier": identifiers}))
 
 
+_NO_IDS: list[int] = []
+
+
 class _SubscriptionType(DestinationType):
     name = SUBSCRIPTION
     durable = False
@@ -322,14 +332,12 @@ class _SubscriptionType(DestinationType):
         session = self.server.sessions.get((binding.namespace, binding.name))
         if session is None:
             return None
-        topic = message.topic
-        subs = [
-            sub
-            for sub in session.subscriptions.values()
-            if sub.shared_group is None and matches(sub.topic_filter, topic)
-        ]
-        if subs:
-            self.server.deliver(session, message, subs)
+        plain = session.plain_subscriptions()
+        if len(plain) != 1:  # which of the client's filters matched decides QoS and ids
+            topic = message.topic
+            plain = [sub for sub in plain if matches(sub.topic_filter, topic)]
+        if plain:  # one plain filter: the trie matched this client, so it matched that one
+            self.server.deliver(session, message, plain)
         return None
 
 

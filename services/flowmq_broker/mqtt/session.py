@@ -57,6 +57,9 @@ class Session:
             collections.deque()
         )
         self.incoming_qos2: set[int] = set()
+        self._plain: list[Subscription] = []
+        self._plain_key = -1
+        self._subs_version = 0
         self._next_packet_id = 1
         self.expiry_handle: Any = None
         self.will_handle: Any = None  # a will waiting out its delay interval
@@ -65,6 +68,17 @@ class Session:
     @property
     def online(self) -> bool:
         return self.connection is not None
+
+    def plain_subscriptions(self) -> list[Subscription]:
+        """The non-shared subscriptions, recomputed only when the subscriptions changed."""
+        if self._plain_key != self._subs_version:
+            self._plain = [s for s in self.subscriptions.values() if s.shared_group is None]
+            self._plain_key = self._subs_version
+        return self._plain
+
+    def subscriptions_changed(self) -> None:
+        """Call after every change to ``subscriptions``."""
+        self._subs_version += 1
 
     def allocate_packet_id(self) -> int:
         """The next packet id not in flight (1..65535, wrapping)."""

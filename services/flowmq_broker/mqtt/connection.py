@@ -370,22 +370,10 @@ class MqttConnection(asyncio.Protocol):
         return rc.BAD_USER_NAME_OR_PASSWORD if p.username is not None else rc.NOT_AUTHORIZED
 
     def _resume(self, session: Session) -> None:
-        # The client may come back with a smaller receive maximum: resend what fits (PUBREL
-        # stages first, they hold a slot whatever we do) and queue the rest again in order.
-        pending = sorted(session.inflight.items(), key=lambda item: not item[1].released)
-        surplus = pending[self.client_receive_maximum :]
-        for packet_id, out in reversed(surplus):
-            if out.released:
-                continue
-            del session.inflight[packet_id]
-            session.queue.appendleft((out.message, out.qos, out.retain, out.properties))
-        for packet_id, out in list(session.inflight.items()):
-            if out.released:
-                self.send(Pubrel(packet_id))
-            else:
-                self._write_publish(
-                    out.message, out.qos, out.retain, out.properties, packet_id, dup=True
-                )
+        # Everything in flight is resent with its original packet id (MQTT-4.4.0-1), in the
+        # order first sent, as far as the client's (possibly new, smaller) receive maximum
+        # allows; the rest goes out as acknowledgements free the window.
+        session.unsent = deque(session.inflight)
         self._send_queued()
 
     # --- inbound PUBLISH ----------------------------------------------------------------
@@ -407,17 +395,9 @@ class MqttConnection(asyncio.Protocol):
             interval = props.get("message_expiry_interval")
             if interval is not None:
                 expiry_ms = now + interval * 1000
+        # Positional: keyword construction of a slotted dataclass is measurably slower here.
         return Message(
-            topic=topic,
-            payload=payload,
-            qos=qos,
-            retain=retain,
-            headers=headers,
-            timestamp_ms=now,
-            content_type=content_type,
-            expiry_ms=expiry_ms,
-            source_protocol="mqtt",
-            properties=extra,
+            topic, payload, qos, retain, headers, now, None, content_type, expiry_ms, "mqtt", extra
         )
 
     def _on_publish(self, p: Publish) -> None:
@@ -579,14 +559,23 @@ class MqttConnection(asyncio.Protocol):
                 message, qos, retain, {"subscription_identifier": identifiers}, packet_id
             )
             return
-        prepared: PreparedPublish = self.server.encoded_once(
-            message,
-            level,
-            lambda: PreparedPublish(
-                message.topic, message.payload, self._properties(message), level
-            ),
-        )
-        data = prepared.encode(qos, retain, False, packet_id)
+        cache = self.server.encodings(message)
+        if qos == 0:
+            # QoS 0 bytes are the same for every subscriber: encode straight away (most
+            # messages reach one subscriber) and let the others reuse the bytes.
+            data = cache.get((level, retain))
+            if data is None:
+                data = cache[(level, retain)] = encode_publish(
+                    message.topic, message.payload, 0, retain, False, None,
+                    self._properties(message), level,
+                )  # fmt: skip
+        else:
+            prepared = cache.get(level)
+            if prepared is None:
+                prepared = cache[level] = PreparedPublish(
+                    message.topic, message.payload, self._properties(message), level
+                )
+            data = prepared.encode(qos, retain, False, packet_id)
         self._emit(data, message, packet_id)
 
     def _write_publish(
@@ -653,7 +642,20 @@ class MqttConnection(asyncio.Protocol):
         session = self.session
         assert session is not None
         self.server.relieve(session)
-        while session.queue and len(session.inflight) < self.client_receive_maximum:
+        window = self.client_receive_maximum
+        unsent = session.unsent
+        while unsent and len(session.inflight) - len(unsent) < window:
+            packet_id = unsent.popleft()
+            out = session.inflight.get(packet_id)
+            if out is None:
+                continue
+            if out.released:
+                self.send(Pubrel(packet_id))
+            else:
+                self._write_publish(
+                    out.message, out.qos, out.retain, out.properties, packet_id, dup=True
+                )
+        while session.queue and len(session.inflight) < window:
             message, qos, retain, extra = session.queue.popleft()
             if message.expiry_ms is not None and message.expiry_ms <= now_ms():
                 self.m.dropped.inc()

@@ -296,15 +296,13 @@ class MqttServer:
         elif qos > 0 and session.persistent():
             session_enqueue(session, message, qos, retain, identifiers)
 
-    def encoded_once(self, message: Message, key: Any, encode) -> bytes:
-        """One encoding of ``message`` per ``key`` (protocol level, flags) during a fan-out."""
+    def encodings(self, message: Message) -> dict[Any, Any]:
+        """Encodings of ``message`` made during its fan-out, shared by every subscriber of
+        the same protocol level (DESIGN.md §11: encode a fanned-out message once)."""
         if self._encode_cache_key is not message:
             self._encode_cache_key = message
             self._encode_cache = {}
-        data = self._encode_cache.get(key)
-        if data is None:
-            data = self._encode_cache[key] = encode()
-        return data
+        return self._encode_cache
 
 
 def session_enqueue(

@@ -57,6 +57,7 @@ class Session:
             collections.deque()
         )
         self.incoming_qos2: set[int] = set()
+        self.unsent: collections.deque[int] = collections.deque()  # in flight, not yet resent
         self._plain: list[Subscription] = []
         self._plain_key = -1
         self._subs_version = 0

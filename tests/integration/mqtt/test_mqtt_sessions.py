@@ -276,30 +276,40 @@ def test_qos2_outbound_publish_resent_if_pubrec_never_sent(raw, uid, level):
     sub.expect_nothing()
 
 
-def test_redelivery_respects_the_new_receive_maximum(raw, uid):
+@pytest.mark.parametrize("qos", [1, 2])
+def test_redelivery_respects_the_new_receive_maximum(raw, uid, qos):
     """Messages resent on reconnect count against the Receive Maximum of the *new* connection
-    (MQTT-3.3.4-7: never more unacknowledged QoS 1/2 PUBLISH than it allows)."""
+    (MQTT-3.3.4-7), and each is resent with its original packet identifier and DUP
+    (MQTT-4.4.0-1) — with a new identifier a QoS 2 receiver would take it for a new message."""
     topic = f"resendmax/{uid}"
     sub = raw(5)
     sub.connect(f"sub-{uid}", clean_start=False, properties={**PERSIST_V5, "receive_maximum": 10})
-    sub.subscribe((topic, SubscriptionOptions(1)))
+    sub.subscribe((topic, SubscriptionOptions(qos)))
     pub = raw(5)
     pub.connect(f"pub-{uid}")
     for i in range(3):
         pub.publish(topic, f"m{i}".encode(), 1)
-    assert [sub.expect(Publish).payload for _ in range(3)] == [b"m0", b"m1", b"m2"]
+    original = [sub.expect(Publish) for _ in range(3)]
+    assert [p.payload for p in original] == [b"m0", b"m1", b"m2"]
     sub.kill()  # none acknowledged
 
     sub = raw(5)
     sub.connect(f"sub-{uid}", clean_start=False, properties={**PERSIST_V5, "receive_maximum": 1})
-    first = sub.expect(Publish)
-    assert (first.payload, first.dup) == (b"m0", True)
-    sub.expect_nothing()  # the window of 1 is full
-    sub.send(Puback(first.packet_id))
-    second = sub.expect(Publish)
-    assert second.payload == b"m1"
-    sub.send(Puback(second.packet_id))
-    assert sub.expect(Publish).payload == b"m2"
+    for before in original:
+        again = sub.expect(Publish)
+        assert (again.payload, again.dup, again.packet_id) == (
+            before.payload,
+            True,
+            before.packet_id,
+        )
+        sub.expect_nothing()  # the window of 1 is full
+        if qos == 1:
+            sub.send(Puback(again.packet_id))
+        else:
+            sub.send(Pubrec(again.packet_id))
+            assert sub.expect(Pubrel).packet_id == again.packet_id
+            sub.send(Pubcomp(again.packet_id))
+    sub.expect_nothing()
 
 
 def test_offline_queue_and_live_messages_keep_publish_order(raw, uid):

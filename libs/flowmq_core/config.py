@@ -37,7 +37,12 @@ class BrokerConfig:
     roles: list[str] = dataclasses.field(default_factory=lambda: list(ALL_ROLES))
     admin_token: str = ""  # empty: generated at first start, kept in <data_dir>/admin_token
     allow_anonymous: bool = True  # clients without a user name may connect
+    # Kafka's auto.create.topics.enable: Metadata/Produce for an unknown topic creates it.
+    kafka_auto_create_topics: bool = True
     log_level: str = "info"
+    # Mosquitto's max_keepalive: a v5 client asking for more (or for none) is told this
+    # value as the server keep alive; 3.1.1 clients are held to it without being told.
+    mqtt_max_keep_alive: int = 65535
 
     def resolved(self) -> BrokerConfig:
         """A copy with the embedded defaults that depend on ``data_dir`` filled in."""

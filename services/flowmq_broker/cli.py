@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -42,10 +43,13 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "admin_token": "admin API Bearer token (default: generated once, kept in <data-dir>/admin_token)",
         "allow_anonymous": "true or false: may clients connect without a user name (default true)",
         "log_level": "debug, info, warning or error (default info)",
+        "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "
+        "a v5 client asking for more or for none is given this as server keep alive",
     }
-    for name, help_text in text.items():
-        flag = "--" + name.replace("_", "-")
-        serve.add_argument(flag, dest=name, default=None, help=help_text)
+    # Every config key is a flag, documented or not, so a key can never lack one.
+    for field in dataclasses.fields(BrokerConfig):
+        flag = "--" + field.name.replace("_", "-")
+        serve.add_argument(flag, dest=field.name, default=None, help=text.get(field.name))
 
 
 def _user_parser(sub: argparse._SubParsersAction) -> None:

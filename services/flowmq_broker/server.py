@@ -204,6 +204,7 @@ class Broker:
             self.users,
             node_id=self.node_id,
             allow_anonymous=self.config.allow_anonymous,
+            max_keep_alive=self.config.mqtt_max_keep_alive,
         )
         try:
             self.ports["mqtt"] = await self.mqtt.start(self.config.mqtt_port)

@@ -340,6 +340,12 @@ class MqttConnection(asyncio.Protocol):
         self.session = session
         self.will = p.will
         self.keep_alive = p.keep_alive
+        server_keep_alive = None
+        limit = server.max_keep_alive
+        if p.keep_alive == 0 or p.keep_alive > limit:
+            self.keep_alive = limit
+            if v5:
+                server_keep_alive = limit
         self.m.connections.inc()
 
         ack_props: dict[str, Any] = {}
@@ -351,6 +357,8 @@ class MqttConnection(asyncio.Protocol):
             }
             if assigned:
                 ack_props["assigned_client_identifier"] = assigned
+            if server_keep_alive is not None:
+                ack_props["server_keep_alive"] = server_keep_alive
         self.send(Connack(session_present, rc.SUCCESS, ack_props))
         self._start_keep_alive()
         if session_present:

@@ -78,6 +78,7 @@ class MqttServer:
         node_id: str,
         allow_anonymous: bool = True,
         max_packet_size: int = 1024 * 1024,
+        max_keep_alive: int = 65535,
     ) -> None:
         self.router = router
         self.meta = meta
@@ -85,6 +86,7 @@ class MqttServer:
         self.node_id = node_id
         self.allow_anonymous = allow_anonymous
         self.max_packet_size = max_packet_size
+        self.max_keep_alive = max_keep_alive
         self.retained = RetainedStore(meta, objects)
         self.sessions: dict[tuple[str, str], Session] = {}
         self.shared_groups: dict[tuple[str, str], list[str]] = {}

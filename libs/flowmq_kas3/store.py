@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from flowmq_kas3 import index
@@ -61,14 +61,16 @@ class _PartitionCommit(GroupCommit):
     ) -> tuple[list[int], int]:
         total = 0
         max_ts = -1
-        for _, _, (count, ts) in chunks:
+        for _, _, (count, ts, _) in chunks:
             total += count
             max_ts = max(max_ts, ts)
         base = index.append_entry(tr, group, object_key, chunks[0][0], chunks[-1][1], total, max_ts)
         results = []
         offset = base
-        for _, _, (count, _) in chunks:
+        for _, _, (count, _, on_commit) in chunks:
             results.append(offset)
+            if on_commit is not None:
+                on_commit(tr, offset)
             offset += count
         return results, 1
 
@@ -109,18 +111,27 @@ class StreamStore:
     # -- append ------------------------------------------------------------------------------
 
     def append_nowait(
-        self, ns: str, stream: str, partition: int, records: bytes
+        self,
+        ns: str,
+        stream: str,
+        partition: int,
+        records: bytes,
+        *,
+        on_commit: Callable[[Transaction, int], None] | None = None,
     ) -> asyncio.Future[int]:
         """Submit one produced record set (one or more whole v2 batches) and return the
         future of its base offset, resolved once durable.  Raises ``InvalidRecordBatch``
         at once for malformed framing.  Lets an adapter submit every partition of a Produce
-        request before awaiting any."""
+        request before awaiting any.  ``on_commit(tr, base_offset)`` runs inside the flush
+        transaction that assigns the offsets (maybe more than once, if it retries), so state
+        that must be exactly as durable as the records (an idempotent producer's sequence
+        numbers) is written with them."""
         summary = summarize(records)
         return self.batcher.submit_grouped(
             (ns, stream, partition),
             records,
             self._commit,
-            (summary.offset_count, summary.max_timestamp),
+            (summary.offset_count, summary.max_timestamp, on_commit),
         )
 
     async def append(self, ns: str, stream: str, partition: int, records: bytes) -> int:

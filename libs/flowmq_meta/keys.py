@@ -122,6 +122,12 @@ SETTINGS = Subspace(("setting",))
 # retention by bytes needs no scan of the index.
 STREAM_BYTES = Subspace(("s_bytes",))
 
+# Added by the Kafka adapter: ("next_id",) -> 8-byte next idempotent producer id to hand out;
+# ("seq", ns, stream, partition, producer_id) -> tuple (epoch, (first seq, last seq, base
+# offset) of the producer's last batches), written in the flush transaction of each batch so
+# duplicate detection survives restarts and works on any broker.
+KAFKA_PRODUCERS = Subspace(("k_prod",))
+
 ALL_SUBSPACES: dict[str, Subspace] = {
     "CHANGELOG": CHANGELOG,
     "NAMESPACES": NAMESPACES,
@@ -143,4 +149,18 @@ ALL_SUBSPACES: dict[str, Subspace] = {
     "NODES": NODES,
     "SETTINGS": SETTINGS,
     "STREAM_BYTES": STREAM_BYTES,
+    "KAFKA_PRODUCERS": KAFKA_PRODUCERS,
 }
+
+# Added by flowmq_queue: (ns, queue, counter) -> 8-byte int kept with atomic adds, so no
+# per-message read is needed.  Counters: "seq" (next sequence number; requeues bump it too, so
+# a watch on it wakes idle consumers on other brokers), "count" (messages stored: ready, in
+# flight or being dead-lettered), "bytes" (their body bytes: max_size_mb), "inflight" (leased).
+QUEUE_STATS = Subspace(("q_stats",))
+
+# Added by the AMQP adapter: (ns, exchange) -> JSON {"type", "durable", "auto_delete",
+# "internal", "arguments"} of a declared exchange: its type decides how a publish to it maps
+# onto canonical topics (DESIGN.md section 3), so every broker must know it.
+AMQP_EXCHANGES = Subspace(("amqp_x",))
+
+ALL_SUBSPACES.update({"QUEUE_STATS": QUEUE_STATS, "AMQP_EXCHANGES": AMQP_EXCHANGES})

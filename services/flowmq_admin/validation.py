@@ -48,12 +48,18 @@ def validate(schema: Schema, value: Any) -> None:
         )
 
 
+def _integral_as_int(text: str) -> int | float:
+    """JSON Schema counts 2.0 as an integer; so do we, so handlers only ever see ints there."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
+
+
 async def read_json_body(request: web.Request, schema: Schema) -> Any:
     raw = await request.read()
     if not raw:
         raise ApiError("invalid_json", "request body is empty; a JSON object is required")
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_float=_integral_as_int)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError("invalid_json", f"request body is not valid JSON: {exc}") from None
     validate(schema, value)

@@ -87,7 +87,8 @@ class Router:
             if binding not in self._destinations:
                 for topic_filter in dest.topic_filters:
                     self.bind(binding, topic_filter)
-                self._destinations[binding] = dest
+            # Always the latest record: options (a Stream's partitions) change in place.
+            self._destinations[binding] = dest
         self.version = version
         counts: dict[str, int] = {}
         for binding in self._destinations:

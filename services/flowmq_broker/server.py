@@ -19,6 +19,7 @@ from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
 from flowmq_broker.mqtt.server import MqttServer
 from flowmq_broker.nodes import NodeRegistry
+from flowmq_broker.queues import QueueService, install_queues
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_broker.streams import StreamDestinationType
 from flowmq_core.config import BrokerConfig
@@ -82,6 +83,7 @@ class Broker:
         self.batcher: GroupCommitBatcher | None = None
         self.streams: StreamStore | None = None
         self.maintenance: PeriodicTask | None = None
+        self.queues: QueueService | None = None
         self._stopped = asyncio.Event()
 
     # --- AdminBackend ---------------------------------------------------------------
@@ -130,6 +132,7 @@ class Broker:
             self.meta, self.objects, self.batcher, PageCache(PAGE_CACHE_BYTES)
         )
         self.router.register_type(StreamDestinationType(self.streams, self.router))
+        self.queues = install_queues(self)
         self.maintenance = PeriodicTask(
             "stream-maintenance",
             STREAM_MAINTENANCE_INTERVAL_S,
@@ -247,6 +250,8 @@ class Broker:
                 log.exception("could not stop the %s adapter", role)
         if self.maintenance is not None:
             await self.maintenance.stop()
+        if self.queues is not None:
+            await self.queues.stop()
         if self.mqtt is not None:
             await self.mqtt.stop()
         if self.sync is not None:

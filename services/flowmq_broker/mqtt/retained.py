@@ -20,6 +20,7 @@ from flowmq_meta.api import MetaStore
 from flowmq_objstore.api import ObjectStore
 
 INLINE_LIMIT = 64 * 1024
+LONG_TOPIC = 1024  # characters; at most 4 kB of UTF-8
 
 
 def message_to_record(message: Message) -> dict[str, Any]:
@@ -70,8 +71,9 @@ class RetainedStore:
         begin, end = keys.RETAINED.range()
         rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
         for key, raw in rows:
-            namespace, topic = keys.RETAINED.unpack(key)
+            namespace, _ = keys.RETAINED.unpack(key)
             record = json.loads(raw)
+            topic = record["topic"]
             if "object" in record:
                 payload = await self.objects.get(record["object"])
             else:
@@ -80,7 +82,7 @@ class RetainedStore:
 
     async def set(self, namespace: str, message: Message) -> None:
         """Retain ``message`` (an empty payload clears the topic, as MQTT says)."""
-        key = keys.RETAINED.pack(namespace, message.topic)
+        key = retained_key(namespace, message.topic)
         if not message.payload:
             self._cache.pop((namespace, message.topic), None)
             await self._clear(key)
@@ -128,6 +130,14 @@ class RetainedStore:
                 continue
             found.append(message)
         return found
+
+
+def retained_key(namespace: str, topic: str) -> bytes:
+    """The meta-store key of a topic's retained message.  Topics may be 65535 bytes but keys
+    only 10 kB, so a long topic is keyed by its hash (the record holds the topic itself)."""
+    if len(topic) <= LONG_TOPIC:
+        return keys.RETAINED.pack(namespace, topic)
+    return keys.RETAINED.pack(namespace, "#sha256:" + hashlib.sha256(topic.encode()).hexdigest())
 
 
 def _swap(tr, key: bytes, value: bytes | None) -> bytes | None:

@@ -218,12 +218,12 @@ async def test_http_publish_bad_input(api):
     assert_error(status, body, 422, "validation_failed", "payload")
 
 
-async def test_http_publish_to_a_destination_without_storage_is_refused(api):
-    # Queue storage is its own issue; until it is served, a publish that would reach a queue
-    # must not be acknowledged as if it were stored.
+async def test_http_publish_into_a_queue_is_stored(api, broker):
     await api.call("POST", "/api/v1/queues", json={"name": "t", "topic_filter": "t/#"})
     status, body = await api.call("POST", "/api/v1/topics/t/1/messages", json={"payload": "x"})
-    assert_error(status, body, 503, "destination_unavailable", "queue", "'t'")
+    assert status == 200 and body["data"]["destinations"][0]["name"] == "t", body
+    stats = await broker.queues.engine.stats("default", "t")
+    assert stats["count"] == 1
 
 
 async def test_http_publish_into_a_stream_is_stored(api, broker):
@@ -264,3 +264,16 @@ async def test_metrics_endpoints_need_no_token(broker):
                 assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
                 assert "# TYPE broker_messages_published_count counter" in text
                 assert "broker_destinations" in text
+
+
+async def test_integral_floats_count_as_integers(api, broker):
+    # JSON Schema says 3.0 is an integer; it must then behave as 3 everywhere.
+    status, body = await api.call("POST", "/api/v1/streams", json={"name": "f", "partitions": 3.0})
+    assert status == 201 and body["data"]["partitions"] == 3
+    assert isinstance(body["data"]["partitions"], int)
+    status, body = await api.call(
+        "POST", "/api/v1/topics/f/messages", json={"payload": "x", "qos": 2.0}
+    )
+    assert status == 200, body
+    status, body = await api.call("POST", "/api/v1/streams", json={"name": "g", "partitions": 2.5})
+    assert_error(status, body, 422, "validation_failed", "partitions")

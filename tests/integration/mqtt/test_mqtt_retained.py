@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flowmq_wire.mqtt.packets import Publish, SubscriptionOptions
+from flowmq_wire.mqtt.packets import Puback, Publish, SubscriptionOptions
 from tests.fixtures.broker_process import start_broker
 
 from .conftest import ROLES, Paho, RawClient
@@ -226,3 +226,25 @@ def test_raw_retained_delivery_sets_retain_bit(broker, raw, uid):
         assert (p.payload, p.retain, p.qos) == (b"r", True, 0)
     finally:
         sub.close()
+
+
+def test_retained_message_on_a_very_long_topic_survives_restart(fresh_broker, tmp_path):
+    """Topics may be far longer than a meta-store key (10 kB): such topics are keyed by hash."""
+    topic = "long/" + "x" * 20_000
+    publisher = RawClient(fresh_broker.ports["mqtt"], 5)
+    publisher.connect("long-pub")
+    publisher.send(Publish(topic, b"kept", qos=1, retain=True, packet_id=1))
+    assert publisher.expect(Puback).reason_code in (0x00, 0x10)
+    publisher.close()
+    data_dir = fresh_broker.data_dir
+    fresh_broker.stop()
+    restarted = start_broker(data_dir, *ROLES)
+    try:
+        subscriber = RawClient(restarted.ports["mqtt"], 5)
+        subscriber.connect("long-sub")
+        subscriber.subscribe("long/#")
+        message = subscriber.expect(Publish)
+        assert (message.topic, message.payload, message.retain) == (topic, b"kept", True)
+        subscriber.close()
+    finally:
+        restarted.stop()

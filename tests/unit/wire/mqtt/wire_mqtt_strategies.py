@@ -114,6 +114,8 @@ def _value_strategy(name: str, kind: int, ptype: int) -> st.SearchStrategy[Any]:
         return st.integers(low, 0xFFFFFFFF)
     if kind == VBI:
         return st.integers(low, MAX_VBI)
+    if name == "response_topic":  # a topic name: no wildcards (MQTT-3.3.2-14)
+        return topic_names
     if kind == STRING:
         return text
     if kind == BINARY:

@@ -1,0 +1,1032 @@
+"""One AMQP channel: its methods, publishes (with confirms), consumers and unacked deliveries.
+
+Per-message methods (Basic.Publish + content, Basic.Ack/Nack/Reject, deliveries) are handled
+synchronously from the frames of one read; methods that need the meta store (declares,
+binds, Basic.Get ...) run as a task while later frames of the channel wait, so the channel
+still processes its frames in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import math
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+import flowmq_metrics as metrics
+from flowmq_broker.amqp import messages
+from flowmq_broker.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from flowmq_broker.amqp.exchanges import KNOWN_TYPES, SUPPORTED_TYPES, Exchange
+from flowmq_broker.amqp.memqueue import MemConsumer, MemoryQueue
+from flowmq_broker.routing import Binding, DestinationUnavailable
+from flowmq_core.errors import (
+    AlreadyExists,
+    FlowMQError,
+    InvalidFilter,
+    InvalidName,
+    InvalidTopic,
+    NotFound,
+)
+from flowmq_core.mapping import amqp_binding_filter, amqp_publish_topic, amqp_queue_filter
+from flowmq_core.message import Message
+from flowmq_meta.catalog import QUEUE, Destination, validate_queue_name
+from flowmq_queue import Delivery
+from flowmq_queue.errors import QueueFull
+from flowmq_wire.amqp import constants as rc
+from flowmq_wire.amqp import frames as fr
+from flowmq_wire.amqp.methods import decode_method, encode_method
+
+if TYPE_CHECKING:
+    from flowmq_broker.amqp.connection import AmqpConnection
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 64 * 1024 * 1024
+_MIB = 1024 * 1024
+
+
+class MemDelivery:
+    __slots__ = ("consumer", "message")
+
+    def __init__(self, consumer: MemConsumer, message: Message) -> None:
+        self.consumer = consumer
+        self.message = message
+
+
+class _Content:
+    """A Basic.Publish waiting for its content header and body frames."""
+
+    __slots__ = ("body", "exchange", "mandatory", "props", "received", "routing_key", "size")
+
+    def __init__(self, exchange: str, routing_key: str, mandatory: bool) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.mandatory = mandatory
+        self.props: bytes | None = None
+        self.size = 0
+        self.received = 0
+        self.body: list[bytes] = []
+
+
+class Channel:
+    def __init__(self, conn: AmqpConnection, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.server = conn.server
+        self.closing = False  # we sent Channel.Close and wait for CloseOk
+        self.closed = False
+        self.flow_active = True
+        self.prefetch = 0
+        self.confirm = False
+        self.publish_seq = 0
+        self._confirms: collections.deque[list[Any]] = collections.deque()
+        self._confirm_scheduled = False
+        self.delivery_tag = 0
+        self.unacked: collections.OrderedDict[int, Delivery | MemDelivery] = (
+            collections.OrderedDict()
+        )
+        self.consumers: dict[str, Any] = {}
+        self.last_queue = ""
+        self._content: _Content | None = None
+        self._blocked = False
+        self._backlog: collections.deque[tuple[int, bytes]] = collections.deque()
+        self._exrk_cache: tuple[str, str, bytes] = ("", "", b"\x00\x00")
+        # Metric children resolved once: a labels() lookup per message shows in profiles.
+        ns = conn.namespace
+        self._in_count = metrics.amqp_messages_in_count.labels(ns)
+        self._in_bytes = metrics.amqp_messages_in_bytes_count.labels(ns)
+        self._out_count = metrics.amqp_messages_out_count.labels(ns)
+        self._out_bytes = metrics.amqp_messages_out_bytes_count.labels(ns)
+
+    # --- frames -------------------------------------------------------------------------
+
+    def handle_frame(self, frame_type: int, payload: bytes) -> None:
+        if self._blocked:
+            self._backlog.append((frame_type, payload))
+            return
+        try:
+            self._handle(frame_type, payload)
+        except ChannelError as exc:
+            self.fail(exc.code, exc.text, self._failing_method(payload))
+        except AmqpError as exc:
+            self.conn.fail(exc.code, exc.text, self._failing_method(payload))
+        except fr.SyntaxError_ as exc:
+            self.conn.fail(rc.SYNTAX_ERROR, f"SYNTAX_ERROR - {exc}", self._failing_method(payload))
+
+    @staticmethod
+    def _failing_method(payload: bytes) -> int:
+        return fr.method_index(payload) if len(payload) >= 4 else 0
+
+    def _handle(self, frame_type: int, payload: bytes) -> None:
+        content = self._content
+        if content is not None:
+            self._content_frame(content, frame_type, payload)
+            return
+        if frame_type != fr.FRAME_METHOD:
+            raise ConnectionError_(
+                rc.UNEXPECTED_FRAME, f"content frame (type {frame_type}) without Basic.Publish"
+            )
+        index = fr.method_index(payload)
+        if self.closing:
+            if index in (0x00140028, 0x00140029):  # Channel.Close / CloseOk
+                self._method(decode_method(payload))
+            return
+        if index == fr.BASIC_PUBLISH:
+            exchange, routing_key, mandatory, immediate = fr.decode_publish(payload)
+            if immediate:
+                raise ConnectionError_(rc.NOT_IMPLEMENTED, "immediate=true is not supported")
+            self._content = _Content(exchange, routing_key, mandatory)
+        elif index == fr.BASIC_ACK:
+            tag, bits = fr.decode_tag_bits(payload)
+            for d in self._take_unacked(tag, bool(bits & 1)):
+                self._settle(d, None)
+        elif index == fr.BASIC_NACK:
+            tag, bits = fr.decode_tag_bits(payload)
+            requeue = bool(bits & 2)
+            for d in self._take_unacked(tag, bool(bits & 1)):
+                self._settle(d, requeue)
+        elif index == fr.BASIC_REJECT:
+            tag, bits = fr.decode_tag_bits(payload)
+            for d in self._take_unacked(tag, False):
+                self._settle(d, bool(bits & 1))
+        else:
+            self._method(decode_method(payload))
+
+    def _content_frame(self, content: _Content, frame_type: int, payload: bytes) -> None:
+        if content.props is None:
+            if frame_type != fr.FRAME_HEADER:
+                raise ConnectionError_(
+                    rc.UNEXPECTED_FRAME, f"expected a content header, got frame type {frame_type}"
+                )
+            class_id, size, props = fr.decode_content_header(payload)
+            if class_id != fr.CLASS_BASIC:
+                raise ConnectionError_(rc.UNEXPECTED_FRAME, f"content header of class {class_id}")
+            if size > MAX_BODY:
+                self._content = None
+                raise ChannelError(
+                    rc.PRECONDITION_FAILED,
+                    f"message size {size} is larger than the maximum of {MAX_BODY}",
+                )
+            content.props = props
+            content.size = size
+            if size == 0:
+                self._content = None
+                self._publish(content, b"")
+            return
+        if frame_type != fr.FRAME_BODY:
+            raise ConnectionError_(
+                rc.UNEXPECTED_FRAME, f"expected a content body, got frame type {frame_type}"
+            )
+        content.received += len(payload)
+        if content.received > content.size:
+            raise ConnectionError_(rc.FRAME_ERROR, "content body is longer than its header said")
+        if content.received == content.size:
+            self._content = None
+            if content.body:
+                content.body.append(payload)
+                body = b"".join(content.body)
+            else:
+                body = payload
+            self._publish(content, body)
+        else:
+            content.body.append(payload)
+
+    # --- publish ------------------------------------------------------------------------
+
+    def _publish(self, content: _Content, body: bytes) -> None:
+        conn = self.conn
+        ns = conn.namespace
+        exchange = self.server.exchanges.get(ns, content.exchange)
+        if exchange is None:
+            raise ChannelError(
+                rc.NOT_FOUND, f"no exchange '{content.exchange}' in vhost '{conn.vhost}'"
+            )
+        if exchange.internal:
+            raise ChannelError(
+                rc.ACCESS_REFUSED, f"cannot publish to internal exchange '{content.exchange}'"
+            )
+        self._in_count.inc()
+        self._in_bytes.inc(len(body))
+        seq = 0
+        if self.confirm:
+            self.publish_seq += 1
+            seq = self.publish_seq
+        topic = self.server.publish_topic(content.exchange, content.routing_key, exchange.type)
+        assert content.props is not None
+        pending: list[Awaitable[Any]] = []
+        routed = False
+        if topic is not None:
+            message = messages.from_publish(
+                topic, content.exchange, content.routing_key, content.props, body
+            )
+            try:
+                bindings, pending = self.server.router.dispatch(ns, message)
+            except DestinationUnavailable as exc:
+                if seq:
+                    self._confirm(seq, [], str(exc))
+                    return
+                raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
+            routed = bool(bindings)
+        if not routed and content.mandatory:
+            conn.send(
+                fr.encode_return(
+                    self.number,
+                    rc.NO_ROUTE,
+                    "NO_ROUTE",
+                    content.exchange,
+                    content.routing_key,
+                    content.props,
+                    body,
+                    conn.frame_max,
+                )
+            )
+        if seq:
+            self._confirm(seq, pending)
+        elif pending:
+            conn.track_publishes(pending, self)
+
+    def _confirm(self, seq: int, pending: list[Awaitable[Any]], failure: str = "") -> None:
+        entry: list[Any] = [seq, None]
+        self._confirms.append(entry)
+        if failure:
+            entry[1] = False
+        elif not pending:
+            entry[1] = True
+        else:
+            self.conn.publish_started(len(pending))
+            entry.append(len(pending))  # destinations still to report
+            done = functools.partial(self._stored, entry)
+            for awaitable in pending:
+                if not isinstance(awaitable, asyncio.Future):
+                    awaitable = asyncio.ensure_future(awaitable)
+                awaitable.add_done_callback(done)
+            return
+        self._schedule_confirms()
+
+    def _stored(self, entry: list[Any], f: asyncio.Future[Any]) -> None:
+        """One destination of a confirmed publish has it (or failed)."""
+        self.conn.publish_finished(1)
+        if (f.cancelled() or f.exception() is not None) and entry[1] is None:
+            entry[1] = False
+            if not f.cancelled() and not isinstance(f.exception(), QueueFull):
+                log.warning("publish not stored: %s", f.exception())
+        entry[2] -= 1
+        if entry[2] == 0:
+            if entry[1] is None:
+                entry[1] = True
+            self._schedule_confirms()
+
+    def _schedule_confirms(self) -> None:
+        if not self._confirm_scheduled:
+            self._confirm_scheduled = True
+            asyncio.get_running_loop().call_soon(self._send_confirms)
+
+    def _send_confirms(self) -> None:
+        """Confirm the finished prefix, acks coalesced with ``multiple``."""
+        self._confirm_scheduled = False
+        if self.closed or self.closing:
+            return
+        confirms = self._confirms
+        out: list[bytes] = []
+        run_end = 0
+        run_len = 0
+        while confirms and confirms[0][1] is not None:
+            entry = confirms.popleft()
+            seq, ok = entry[0], entry[1]
+            if ok:
+                run_end = seq
+                run_len += 1
+                continue
+            if run_len:
+                out.append(fr.encode_ack(self.number, run_end, run_len > 1))
+                run_len = 0
+            out.append(fr.encode_nack(self.number, seq, False))
+        if run_len:
+            out.append(fr.encode_ack(self.number, run_end, run_len > 1))
+        if out:
+            self.conn.send(b"".join(out))
+
+    def publish_failed(self, exc: BaseException) -> None:
+        """A publish without confirms could not be stored."""
+        if self.closed or self.closing:
+            return
+        if isinstance(exc, QueueFull):
+            self.fail(rc.PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc}", fr.BASIC_PUBLISH)
+        else:
+            log.warning("publish not stored: %s", exc)
+
+    # --- deliveries ---------------------------------------------------------------------
+
+    def _exchange_and_key(self, message: Message) -> bytes:
+        exchange, key = messages.exchange_and_key(message)
+        cached = self._exrk_cache
+        if cached[0] == exchange and cached[1] == key:
+            return cached[2]
+        encoded = fr.shortstr(exchange) + fr.shortstr(key[:255])
+        self._exrk_cache = (exchange, key, encoded)
+        return encoded
+
+    def deliver_durable(self, ctag: bytes, deliveries: list[Delivery]) -> None:
+        if self.closed:
+            return
+        conn = self.conn
+        parts = []
+        number = self.number
+        frame_max = conn.frame_max
+        unacked = self.unacked
+        size = 0
+        for d in deliveries:
+            self.delivery_tag += 1
+            tag = self.delivery_tag
+            if not d.consumer.no_ack:
+                unacked[tag] = d
+            m = d.message
+            size += len(m.payload)
+            parts.append(
+                fr.encode_deliver(
+                    number,
+                    ctag,
+                    tag,
+                    d.redelivered,
+                    self._exchange_and_key(m),
+                    messages.delivery_properties(m),
+                    m.payload,
+                    frame_max,
+                )
+            )
+        conn.send(b"".join(parts))
+        self._out_count.inc(len(deliveries))
+        self._out_bytes.inc(size)
+
+    def deliver_memory(
+        self, ctag: bytes, consumer: MemConsumer, batch: list[tuple[Message, bool]]
+    ) -> None:
+        if self.closed:
+            return
+        conn = self.conn
+        parts = []
+        size = 0
+        for m, redelivered in batch:
+            self.delivery_tag += 1
+            tag = self.delivery_tag
+            if not consumer.no_ack:
+                self.unacked[tag] = MemDelivery(consumer, m)
+            size += len(m.payload)
+            parts.append(
+                fr.encode_deliver(
+                    self.number,
+                    ctag,
+                    tag,
+                    redelivered,
+                    self._exchange_and_key(m),
+                    messages.delivery_properties(m),
+                    m.payload,
+                    conn.frame_max,
+                )
+            )
+        conn.send(b"".join(parts))
+        self._out_count.inc(len(batch))
+        self._out_bytes.inc(size)
+
+    def _take_unacked(self, tag: int, multiple: bool) -> list[Delivery | MemDelivery]:
+        unacked = self.unacked
+        if not multiple:
+            d = unacked.pop(tag, None)
+            if d is None:
+                raise ChannelError(rc.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            return [d]
+        out = []
+        if tag == 0:
+            out = list(unacked.values())
+            unacked.clear()
+            return out
+        if tag > self.delivery_tag:
+            raise ChannelError(rc.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+        while unacked:
+            first = next(iter(unacked))
+            if first > tag:
+                break
+            out.append(unacked.popitem(last=False)[1])
+        return out
+
+    def _settle(self, d: Delivery | MemDelivery, requeue: bool | None) -> None:
+        """Ack (None), reject (False) or requeue (True)."""
+        if isinstance(d, Delivery):
+            engine = self.server.queues.engine
+            if requeue is None:
+                engine.ack(d)
+            else:
+                engine.reject(d, requeue=requeue)
+        else:
+            d.consumer.queue.settled(d.consumer, d.message, requeue)
+
+    def set_paused(self, paused: bool) -> None:
+        """Stop or resume deliveries (write buffer full, or Channel.Flow)."""
+        paused = paused or not self.flow_active
+        engine = self.server.queues.engine
+        for c in self.consumers.values():
+            if isinstance(c, MemConsumer):
+                c.paused = paused
+                if not paused:
+                    c.queue.pump()
+            else:
+                engine.set_paused(c, paused)
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    def fail(self, code: int, text: str, method: int) -> None:
+        """Close the channel for a soft error."""
+        if self.closing or self.closed:
+            return
+        self.closing = True
+        self._content = None
+        self._backlog.clear()
+        self.conn.send(
+            encode_method(
+                self.number, commands.Channel.Close(code, text, method >> 16, method & 0xFFFF)
+            )
+        )
+        self.release()
+
+    def release(self) -> None:
+        """Cancel consumers and requeue unacknowledged deliveries (channel closing)."""
+        for tag in list(self.consumers):
+            self.cancel_consumer(tag)
+        unacked = list(self.unacked.values())
+        self.unacked.clear()
+        for d in unacked:
+            self._settle(d, True)
+
+    def close(self) -> None:
+        self.release()
+        self.closed = True
+        self._backlog.clear()
+
+    def _maybe_auto_delete(self, q: MemoryQueue) -> None:
+        if q.auto_delete and q.had_consumer and not q.consumers:
+            self.server.memqueues.delete(q)
+
+    # --- methods ------------------------------------------------------------------------
+
+    def _method(self, method: Any) -> None:
+        handler = _HANDLERS.get(type(method))
+        if handler is None:
+            unsupported = method.name.startswith(("Tx.", "Exchange.Bind", "Exchange.Unbind"))
+            raise ConnectionError_(
+                rc.NOT_IMPLEMENTED if unsupported else rc.COMMAND_INVALID,
+                f"{method.name} is not {'implemented' if unsupported else 'valid on a channel'}",
+            )
+        result = handler(self, method)
+        if asyncio.iscoroutine(result):
+            self._blocked = True
+            task = asyncio.get_running_loop().create_task(self._run_async(result, method))
+            self.conn.tasks.add(task)
+            task.add_done_callback(self.conn.tasks.discard)
+
+    async def _run_async(self, coro: Awaitable[Any], method: Any) -> None:
+        index = method.index
+        try:
+            await coro
+        except ChannelError as exc:
+            self.fail(exc.code, exc.text, index)
+        except AmqpError as exc:
+            self.conn.fail(exc.code, exc.text, index)
+        except FlowMQError as exc:
+            self.fail(rc.PRECONDITION_FAILED, f"PRECONDITION_FAILED - {exc.message}", index)
+        except Exception as exc:
+            log.exception("AMQP %s failed", method.name)
+            self.conn.fail(rc.INTERNAL_ERROR, f"INTERNAL_ERROR - {exc}"[:255], index)
+        finally:
+            self._blocked = False
+        while self._backlog and not self._blocked and not self.closed:
+            frame_type, payload = self._backlog.popleft()
+            self.handle_frame(frame_type, payload)
+        self.conn.flush()
+
+    def reply(self, method: Any) -> None:
+        self.conn.send(encode_method(self.number, method))
+
+    # Channel ---------------------------------------------------------------------------
+
+    def on_channel_open(self, m: commands.Channel.Open) -> None:
+        raise ConnectionError_(rc.CHANNEL_ERROR, f"channel {self.number} is already open")
+
+    def on_channel_flow(self, m: commands.Channel.Flow) -> None:
+        self.flow_active = bool(m.active)
+        self.set_paused(self.conn.paused_writing)
+        self.reply(commands.Channel.FlowOk(m.active))
+
+    def on_channel_flow_ok(self, m: Any) -> None:
+        pass
+
+    def on_channel_close(self, m: commands.Channel.Close) -> None:
+        self.reply(commands.Channel.CloseOk())
+        self.close()
+        self.conn.channel_closed(self)
+
+    def on_channel_close_ok(self, m: Any) -> None:
+        self.close()
+        self.conn.channel_closed(self)
+
+    # Exchange --------------------------------------------------------------------------
+
+    async def on_exchange_declare(self, m: commands.Exchange.Declare) -> None:
+        name = m.exchange
+        ns = self.conn.namespace
+        existing = self.server.exchanges.get(ns, name)
+        if m.passive:
+            if existing is None:
+                raise ChannelError(
+                    rc.NOT_FOUND, f"no exchange '{name}' in vhost '{self.conn.vhost}'"
+                )
+        else:
+            if m.exchange_type not in KNOWN_TYPES:
+                raise ConnectionError_(
+                    rc.COMMAND_INVALID, f"unknown exchange type '{m.exchange_type}'"
+                )
+            if existing is not None:
+                if existing.type != m.exchange_type:
+                    raise ChannelError(
+                        rc.PRECONDITION_FAILED,
+                        f"inequivalent arg 'type' for exchange '{name}' in vhost "
+                        f"'{self.conn.vhost}': received '{m.exchange_type}' but current is "
+                        f"'{existing.type}'",
+                    )
+            else:
+                if name.startswith("amq.") or not name:
+                    raise ChannelError(
+                        rc.ACCESS_REFUSED,
+                        f"exchange name '{name}' contains reserved prefix 'amq.'",
+                    )
+                if m.exchange_type not in SUPPORTED_TYPES:
+                    raise ConnectionError_(
+                        rc.NOT_IMPLEMENTED,
+                        f"exchange type '{m.exchange_type}' is not supported "
+                        f"(supported: {', '.join(SUPPORTED_TYPES)})",
+                    )
+                try:
+                    amqp_publish_topic(name, "x", m.exchange_type)
+                except (InvalidName, InvalidTopic) as exc:
+                    raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
+                stored = await self.server.exchanges.declare(
+                    ns,
+                    Exchange(
+                        name,
+                        m.exchange_type,
+                        bool(m.durable),
+                        bool(m.auto_delete),
+                        bool(m.internal),
+                        dict(m.arguments or {}),
+                    ),
+                )
+                if stored.type != m.exchange_type:
+                    raise ChannelError(
+                        rc.PRECONDITION_FAILED,
+                        f"inequivalent arg 'type' for exchange '{name}'",
+                    )
+        if not m.nowait:
+            self.reply(commands.Exchange.DeclareOk())
+
+    async def on_exchange_delete(self, m: commands.Exchange.Delete) -> None:
+        name = m.exchange
+        ns = self.conn.namespace
+        existing = self.server.exchanges.get(ns, name)
+        if existing is not None and existing.builtin:
+            raise ChannelError(
+                rc.ACCESS_REFUSED, f"operation not permitted on exchange '{name or 'default'}'"
+            )
+        if existing is not None:
+            await self.server.exchanges.delete(ns, name)
+        if not m.nowait:
+            self.reply(commands.Exchange.DeleteOk())
+
+    # Queue -----------------------------------------------------------------------------
+
+    def _queue_name(self, name: str) -> str:
+        if name:
+            return name
+        if not self.last_queue:
+            raise ConnectionError_(rc.NOT_ALLOWED, "no previously declared queue")
+        return self.last_queue
+
+    def _lookup(self, name: str) -> MemoryQueue | Destination:
+        """The queue ``name``: a memory queue or a Queue destination; 404 otherwise."""
+        ns = self.conn.namespace
+        q = self.server.memqueues.get(ns, name)
+        if q is not None:
+            self._check_exclusive(q)
+            return q
+        dest = self.server.router.destination(Binding(QUEUE, ns, name))
+        if dest is None:
+            raise ChannelError(rc.NOT_FOUND, f"no queue '{name}' in vhost '{self.conn.vhost}'")
+        return dest
+
+    def _check_exclusive(self, q: MemoryQueue) -> None:
+        if q.exclusive and q.owner is not self.conn:
+            raise ChannelError(
+                rc.RESOURCE_LOCKED,
+                f"cannot obtain exclusive access to locked queue '{q.name}' in vhost "
+                f"'{self.conn.vhost}'",
+            )
+
+    async def on_queue_declare(self, m: commands.Queue.Declare) -> None:
+        conn = self.conn
+        ns = conn.namespace
+        name = m.queue
+        memory = bool(m.exclusive or m.auto_delete)
+        if not name:
+            if m.passive:
+                raise ConnectionError_(rc.NOT_ALLOWED, "passive declare of a server-named queue")
+            name = ("amq.gen-" if memory else "gen-") + secrets.token_hex(11)
+        elif name.startswith("amq.") and not m.passive:
+            raise ChannelError(
+                rc.ACCESS_REFUSED,
+                f"queue name '{name}' contains reserved prefix 'amq.'",
+            )
+        q = self.server.memqueues.get(ns, name)
+        if q is not None:
+            self._check_exclusive(q)
+            if not m.passive and not memory:
+                raise ChannelError(
+                    rc.PRECONDITION_FAILED,
+                    f"inequivalent arg 'exclusive'/'auto_delete' for queue '{name}'",
+                )
+            self._declare_ok(m, name, len(q.buffer), len(q.consumers))
+            return
+        try:
+            dest: Destination | None = await self.server.catalog.get_destination(ns, name, QUEUE)
+        except NotFound:
+            dest = None
+        if m.passive:
+            if dest is None:
+                raise ChannelError(rc.NOT_FOUND, f"no queue '{name}' in vhost '{conn.vhost}'")
+        elif memory:
+            if dest is not None:
+                raise ChannelError(
+                    rc.PRECONDITION_FAILED,
+                    f"inequivalent arg 'exclusive'/'auto_delete' for queue '{name}': it is a "
+                    "durable queue",
+                )
+            try:
+                implicit = amqp_queue_filter(name)
+            except InvalidName as exc:
+                raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
+            q = MemoryQueue(
+                ns,
+                name,
+                conn if m.exclusive else None,
+                exclusive=bool(m.exclusive),
+                auto_delete=bool(m.auto_delete),
+                durable=bool(m.durable),
+                arguments=dict(m.arguments or {}),
+            )
+            self.server.memqueues.add(q, implicit)
+            conn.owned_queues.append(q)
+            self._declare_ok(m, name, 0, 0)
+            return
+        else:
+            wanted = self._queue_options(name, m.arguments or {})
+            if dest is None:
+                try:
+                    validate_queue_name(name)
+                    dest = Destination(QUEUE, ns, name, [amqp_queue_filter(name)], wanted)
+                    await self.server.catalog.create_destination(dest)
+                except AlreadyExists:
+                    dest = await self.server.catalog.get_destination(ns, name, QUEUE)
+                except (InvalidName, FlowMQError) as exc:
+                    raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
+                await self.server.broker.metadata_changed()
+            for arg, option in _ARG_OPTIONS.items():
+                if arg in (m.arguments or {}) and dest.options.get(option) != wanted.get(option):
+                    raise ChannelError(
+                        rc.PRECONDITION_FAILED,
+                        f"inequivalent arg '{arg}' for queue '{name}' in vhost '{conn.vhost}': "
+                        f"received {wanted.get(option)!r} but current is "
+                        f"{dest.options.get(option)!r} ({option})",
+                    )
+        engine = self.server.queues.engine
+        ready = await engine.ready_count(ns, name)
+        self._declare_ok(m, name, ready, engine.consumer_count(ns, name))
+
+    def _declare_ok(self, m: Any, name: str, ready: int, consumers: int) -> None:
+        self.last_queue = name
+        if not m.nowait:
+            self.reply(commands.Queue.DeclareOk(name, ready, consumers))
+
+    def _queue_options(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Queue destination options from x-arguments (RabbitMQ's names where they exist)."""
+        from flowmq_meta.catalog import DEFAULT_QUEUE_MAX_RETRIES, DEFAULT_QUEUE_SHARDS
+
+        options: dict[str, Any] = {
+            "max_size_mb": None,
+            "message_ttl_seconds": None,
+            "max_retries": DEFAULT_QUEUE_MAX_RETRIES,
+            "dead_letter_topic": None,
+            "shards": DEFAULT_QUEUE_SHARDS,
+        }
+        try:
+            if "x-message-ttl" in args:
+                options["message_ttl_seconds"] = max(
+                    1, math.ceil(int(args["x-message-ttl"]) / 1000)
+                )
+            if "x-max-length-bytes" in args:
+                options["max_size_mb"] = max(1, math.ceil(int(args["x-max-length-bytes"]) / _MIB))
+            for key in ("x-delivery-limit", "x-max-retries"):
+                if key in args:
+                    options["max_retries"] = max(0, int(args[key]))
+            if "x-queue-shards" in args:
+                options["shards"] = min(256, max(1, int(args["x-queue-shards"])))
+            if "x-dead-letter-topic" in args:
+                topic = _text(args["x-dead-letter-topic"])
+                options["dead_letter_topic"] = topic
+            elif "x-dead-letter-exchange" in args:
+                dlx = _text(args["x-dead-letter-exchange"])
+                key = _text(args.get("x-dead-letter-routing-key", name))
+                ex = self.server.exchanges.get(self.conn.namespace, dlx)
+                options["dead_letter_topic"] = amqp_publish_topic(
+                    dlx, key, ex.type if ex is not None else "topic"
+                )
+        except (ValueError, TypeError, InvalidName, InvalidTopic) as exc:
+            raise ChannelError(rc.PRECONDITION_FAILED, f"invalid queue argument: {exc}") from None
+        overflow = args.get("x-overflow")
+        if overflow is not None and _text(overflow) != "reject-publish":
+            raise ChannelError(
+                rc.PRECONDITION_FAILED,
+                f"x-overflow '{_text(overflow)}' is not supported: FlowMQ queues refuse "
+                "publishes beyond their size (reject-publish)",
+            )
+        return options
+
+    async def on_queue_bind(self, m: commands.Queue.Bind) -> None:
+        await self._bind(m, bind=True)
+        if not m.nowait:
+            self.reply(commands.Queue.BindOk())
+
+    async def on_queue_unbind(self, m: commands.Queue.Unbind) -> None:
+        await self._bind(m, bind=False)
+        self.reply(commands.Queue.UnbindOk())
+
+    async def _bind(self, m: Any, *, bind: bool) -> None:
+        ns = self.conn.namespace
+        name = self._queue_name(m.queue)
+        target = self._lookup(name)
+        exchange = self.server.exchanges.get(ns, m.exchange)
+        if exchange is None:
+            raise ChannelError(
+                rc.NOT_FOUND, f"no exchange '{m.exchange}' in vhost '{self.conn.vhost}'"
+            )
+        if exchange.name == "":
+            raise ChannelError(rc.ACCESS_REFUSED, "operation not permitted on the default exchange")
+        if exchange.type not in SUPPORTED_TYPES:
+            raise ConnectionError_(
+                rc.NOT_IMPLEMENTED, f"bindings to {exchange.type} exchanges are not supported"
+            )
+        try:
+            topic_filter = amqp_binding_filter(exchange.name, m.routing_key, exchange.type)
+        except (InvalidName, InvalidFilter) as exc:
+            raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
+        if isinstance(target, MemoryQueue):
+            if bind:
+                self.server.memqueues.bind(target, topic_filter)
+            elif topic_filter != amqp_queue_filter(target.name):
+                self.server.memqueues.unbind(target, topic_filter)
+            return
+        catalog = self.server.catalog
+        dest = await catalog.get_destination(ns, name, QUEUE)
+        filters = list(dest.topic_filters)
+        if bind and topic_filter not in filters:
+            filters.append(topic_filter)
+        elif not bind and topic_filter in filters and topic_filter != amqp_queue_filter(name):
+            filters.remove(topic_filter)
+        else:
+            return
+        dest.topic_filters = filters
+        await catalog.update_destination(dest)
+        await self.server.broker.metadata_changed()
+
+    async def on_queue_purge(self, m: commands.Queue.Purge) -> None:
+        name = self._queue_name(m.queue)
+        target = self._lookup(name)
+        if isinstance(target, MemoryQueue):
+            count = target.purge()
+        else:
+            count = await self.server.queues.engine.purge(self.conn.namespace, name)
+        if not m.nowait:
+            self.reply(commands.Queue.PurgeOk(count))
+
+    async def on_queue_delete(self, m: commands.Queue.Delete) -> None:
+        ns = self.conn.namespace
+        name = self._queue_name(m.queue)
+        try:
+            target = self._lookup(name)
+        except ChannelError as exc:
+            if exc.code != rc.NOT_FOUND:
+                raise
+            if not m.nowait:  # RabbitMQ: deleting a missing queue succeeds
+                self.reply(commands.Queue.DeleteOk(0))
+            return
+        if isinstance(target, MemoryQueue):
+            if m.if_unused and target.consumers:
+                raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' in use")
+            if m.if_empty and target.buffer:
+                raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' not empty")
+            self.server.cancel_consumers_of(target)
+            count = self.server.memqueues.delete(target)
+        else:
+            engine = self.server.queues.engine
+            if m.if_unused and engine.consumer_count(ns, name):
+                raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' in use")
+            count = await engine.ready_count(ns, name)
+            if m.if_empty and count:
+                raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' not empty")
+            try:
+                await self.server.catalog.delete_destination(ns, name, QUEUE)
+            except NotFound:
+                pass
+            await self.server.broker.metadata_changed()
+            self.server.cancel_consumers_of_durable(ns, name)
+            await engine.delete(ns, name)
+        if not m.nowait:
+            self.reply(commands.Queue.DeleteOk(count))
+
+    # Basic -----------------------------------------------------------------------------
+
+    def on_basic_qos(self, m: commands.Basic.Qos) -> None:
+        if m.prefetch_size:
+            raise ConnectionError_(rc.NOT_IMPLEMENTED, "prefetch_size is not supported")
+        self.prefetch = m.prefetch_count
+        self.reply(commands.Basic.QosOk())
+
+    def on_basic_consume(self, m: commands.Basic.Consume) -> None:
+        name = self._queue_name(m.queue)
+        target = self._lookup(name)
+        tag = m.consumer_tag or f"amq.ctag-{secrets.token_hex(11)}"
+        if tag in self.consumers:
+            raise ConnectionError_(rc.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        ns = self.conn.namespace
+        engine = self.server.queues.engine
+        busy = (
+            bool(target.consumers)
+            if isinstance(target, MemoryQueue)
+            else engine.consumer_count(ns, name) > 0
+        )
+        if busy and (m.exclusive or self.server.exclusive_consumers.get((ns, name))):
+            raise ChannelError(
+                rc.ACCESS_REFUSED, f"queue '{name}' in vhost '{self.conn.vhost}' in exclusive use"
+            )
+        if not m.nowait:
+            self.reply(commands.Basic.ConsumeOk(tag))
+        ctag = fr.shortstr(tag)
+        if isinstance(target, MemoryQueue):
+            consumer: Any = MemConsumer(
+                target,
+                tag,
+                lambda c, batch: self.deliver_memory(ctag, c, batch),
+                self.prefetch,
+                bool(m.no_ack),
+            )
+            consumer.paused = self.conn.paused_writing or not self.flow_active
+            self.consumers[tag] = consumer
+            target.add_consumer(consumer)
+        else:
+            consumer = engine.subscribe(
+                ns,
+                name,
+                tag,
+                lambda deliveries: self.deliver_durable(ctag, deliveries),
+                prefetch=self.prefetch,
+                no_ack=bool(m.no_ack),
+            )
+            if self.conn.paused_writing or not self.flow_active:
+                engine.set_paused(consumer, True)
+            self.consumers[tag] = consumer
+        if m.exclusive:
+            self.server.exclusive_consumers[(ns, name)] = consumer
+
+    def on_basic_cancel(self, m: commands.Basic.Cancel) -> None:
+        self.cancel_consumer(m.consumer_tag)
+        if not m.nowait:
+            self.reply(commands.Basic.CancelOk(m.consumer_tag))
+
+    def cancel_consumer(self, tag: str) -> Any:
+        consumer = self.consumers.pop(tag, None)
+        if consumer is None:
+            return None
+        ns = self.conn.namespace
+        if isinstance(consumer, MemConsumer):
+            q = consumer.queue
+            q.remove_consumer(consumer)
+            key = (ns, q.name)
+            self._maybe_auto_delete(q)
+        else:
+            self.server.queues.engine.cancel(consumer)
+            key = (ns, consumer.queue)
+        if self.server.exclusive_consumers.get(key) is consumer:
+            del self.server.exclusive_consumers[key]
+        return consumer
+
+    async def on_basic_get(self, m: commands.Basic.Get) -> None:
+        name = self._queue_name(m.queue)
+        target = self._lookup(name)
+        conn = self.conn
+        if isinstance(target, MemoryQueue):
+            if not target.buffer:
+                self.reply(commands.Basic.GetEmpty())
+                return
+            message, redelivered = target.buffer.popleft()
+            self.delivery_tag += 1
+            if not m.no_ack:
+                holder = MemConsumer(target, "", lambda c, b: None, 0, False)
+                holder.unacked = 1
+                self.unacked[self.delivery_tag] = MemDelivery(holder, message)
+            left = len(target.buffer)
+        else:
+            delivery, left = await self.server.queues.engine.get(
+                conn.namespace, name, no_ack=bool(m.no_ack)
+            )
+            if delivery is None:
+                self.reply(commands.Basic.GetEmpty())
+                return
+            message, redelivered = delivery.message, delivery.redelivered
+            self.delivery_tag += 1
+            if not m.no_ack:
+                self.unacked[self.delivery_tag] = delivery
+        conn.send(
+            fr.encode_get_ok(
+                self.number,
+                self.delivery_tag,
+                redelivered,
+                self._exchange_and_key(message),
+                left,
+                messages.delivery_properties(message),
+                message.payload,
+                conn.frame_max,
+            )
+        )
+        self._out_count.inc()
+        self._out_bytes.inc(len(message.payload))
+
+    def on_basic_recover(self, m: commands.Basic.Recover) -> None:
+        self._recover(m.requeue)
+        self.reply(commands.Basic.RecoverOk())
+
+    def on_basic_recover_async(self, m: commands.Basic.RecoverAsync) -> None:
+        self._recover(m.requeue)
+
+    def _recover(self, requeue: bool) -> None:
+        if not requeue:
+            raise ConnectionError_(rc.NOT_IMPLEMENTED, "Basic.Recover with requeue=false")
+        unacked = list(self.unacked.values())
+        self.unacked.clear()
+        for d in unacked:
+            self._settle(d, True)
+
+    def on_confirm_select(self, m: commands.Confirm.Select) -> None:
+        self.confirm = True
+        if not m.nowait:
+            self.reply(commands.Confirm.SelectOk())
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode()
+    return str(value)
+
+
+# x-argument -> queue destination option, compared on redeclare.
+_ARG_OPTIONS = {
+    "x-message-ttl": "message_ttl_seconds",
+    "x-max-length-bytes": "max_size_mb",
+    "x-delivery-limit": "max_retries",
+    "x-max-retries": "max_retries",
+    "x-dead-letter-exchange": "dead_letter_topic",
+    "x-dead-letter-topic": "dead_letter_topic",
+}
+
+_HANDLERS: dict[type, Callable[[Channel, Any], Any]] = {
+    commands.Channel.Open: Channel.on_channel_open,
+    commands.Channel.Flow: Channel.on_channel_flow,
+    commands.Channel.FlowOk: Channel.on_channel_flow_ok,
+    commands.Channel.Close: Channel.on_channel_close,
+    commands.Channel.CloseOk: Channel.on_channel_close_ok,
+    commands.Exchange.Declare: Channel.on_exchange_declare,
+    commands.Exchange.Delete: Channel.on_exchange_delete,
+    commands.Queue.Declare: Channel.on_queue_declare,
+    commands.Queue.Bind: Channel.on_queue_bind,
+    commands.Queue.Unbind: Channel.on_queue_unbind,
+    commands.Queue.Purge: Channel.on_queue_purge,
+    commands.Queue.Delete: Channel.on_queue_delete,
+    commands.Basic.Qos: Channel.on_basic_qos,
+    commands.Basic.Consume: Channel.on_basic_consume,
+    commands.Basic.Cancel: Channel.on_basic_cancel,
+    commands.Basic.Get: Channel.on_basic_get,
+    commands.Basic.Recover: Channel.on_basic_recover,
+    commands.Basic.RecoverAsync: Channel.on_basic_recover_async,
+    commands.Confirm.Select: Channel.on_confirm_select,
+}

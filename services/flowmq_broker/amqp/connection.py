@@ -1,0 +1,440 @@
+"""One AMQP 0-9-1 connection: an asyncio Protocol (DESIGN.md §11 — every complete frame of a
+read is handled in a loop, and everything written while doing so goes out in one write).
+
+Negotiation: protocol header, Connection.Start / StartOk (PLAIN or AMQPLAIN against the
+broker's users) / Tune / TuneOk / Open (the virtual host names the namespace), heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands, decode
+
+import flowmq_metrics as metrics
+from flowmq_broker.amqp.channel import Channel
+from flowmq_broker.amqp.errors import AmqpError, ConnectionError_
+from flowmq_core.errors import NotFound
+from flowmq_meta.catalog import DEFAULT_NAMESPACE
+from flowmq_wire.amqp import constants as rc
+from flowmq_wire.amqp import frames as fr
+from flowmq_wire.amqp.methods import UnknownMethod, decode_method, encode_method
+
+if TYPE_CHECKING:
+    from flowmq_broker.amqp.memqueue import MemoryQueue
+    from flowmq_broker.amqp.server import AmqpServer
+
+log = logging.getLogger(__name__)
+
+CHANNEL_MAX = 2047
+FRAME_MAX = 131072
+HEARTBEAT_S = 60
+HANDSHAKE_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 1.0
+# Publishes waiting to become durable, per connection: beyond it the connection stops
+# reading, so a fast publisher cannot grow the broker's memory without bound.
+MAX_PENDING_PUBLISHES = 20_000
+WRITE_HIGH_WATER = 4 * 1024 * 1024
+WRITE_LOW_WATER = 1024 * 1024
+
+_CONNECTION_CLOSE = 0x000A0032
+_CONNECTION_CLOSE_OK = 0x000A0033
+
+
+class AmqpConnection(asyncio.Protocol):
+    def __init__(self, server: AmqpServer) -> None:
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.reader = fr.FrameReader(FRAME_MAX)
+        self.state = "header"  # header, start, tune, open, opening, opened, closing, closed
+        self.channels: dict[int, Channel] = {}
+        self.frame_max = FRAME_MAX
+        self.channel_max = CHANNEL_MAX
+        self.heartbeat = 0
+        self.namespace = DEFAULT_NAMESPACE
+        self.vhost = "/"
+        self.username: str | None = None
+        self.peer = ""
+        self.tasks: set[asyncio.Task[Any]] = set()
+        # Memory queues this connection declared: exclusive ones go with it, auto-delete ones
+        # too unless another connection still consumes them.
+        self.owned_queues: list[MemoryQueue] = []
+        self.paused_writing = False
+        self._header = b""
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._in_read = False
+        self._last_recv = self.loop.time()
+        self._last_send = self._last_recv
+        self._timer: asyncio.TimerHandle | None = None
+        self._pending_publishes = 0
+        self._reading_paused = False
+        self._counted = False
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.server.connections.add(self)
+        self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.state = "closed"
+        self.transport = None
+        if self._timer is not None:
+            self._timer.cancel()
+        for channel in list(self.channels.values()):
+            channel.close()
+        self.channels.clear()
+        for q in self.owned_queues:
+            if q.exclusive or not q.consumers:
+                self.server.cancel_consumers_of(q)
+                self.server.memqueues.delete(q)
+        self.owned_queues.clear()
+        for task in self.tasks:
+            task.cancel()
+        self.server.connections.discard(self)
+        if self._counted:
+            metrics.amqp_connections.labels(self.namespace).dec()
+
+    def pause_writing(self) -> None:
+        self.paused_writing = True
+        for channel in self.channels.values():
+            channel.set_paused(True)
+
+    def resume_writing(self) -> None:
+        self.paused_writing = False
+        for channel in self.channels.values():
+            channel.set_paused(False)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_recv = self.loop.time()
+        if self.state == "header":
+            self._header += data
+            if len(self._header) < 8:
+                return
+            header, data = self._header[:8], self._header[8:]
+            self._header = b""
+            if header != fr.PROTOCOL_HEADER:
+                # Spec 4.2.2: answer with the protocol version we speak, then close.
+                self._write(fr.PROTOCOL_HEADER)
+                self._close_transport()
+                return
+            self._start()
+        if self.state == "closed":
+            return
+        try:
+            frames = self.reader.feed(data)
+        except fr.FrameError as exc:
+            self.fail(rc.FRAME_ERROR, f"FRAME_ERROR - {exc}", 0)
+            self.flush()
+            return
+        self._in_read = True
+        try:
+            for frame_type, number, payload in frames:
+                if self.state == "closed":
+                    break
+                self._frame(frame_type, number, payload)
+        finally:
+            self._in_read = False
+        self.flush()
+
+    # --- output -------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._in_read and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._out:
+            return
+        data = b"".join(self._out) if len(self._out) > 1 else self._out[0]
+        self._out.clear()
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+            self._last_send = self.loop.time()
+
+    def _close_transport(self) -> None:
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    # --- frames -------------------------------------------------------------------------
+
+    def _frame(self, frame_type: int, number: int, payload: bytes) -> None:
+        if frame_type == fr.FRAME_HEARTBEAT:
+            if number != 0:
+                self.fail(rc.FRAME_ERROR, "heartbeat frame on a non-zero channel", 0)
+            return
+        if self.state == "closing":
+            if number == 0 and frame_type == fr.FRAME_METHOD and len(payload) >= 4:
+                index = fr.method_index(payload)
+                if index == _CONNECTION_CLOSE:
+                    self.send(encode_method(0, commands.Connection.CloseOk()))
+                    self._close_transport()
+                elif index == _CONNECTION_CLOSE_OK:
+                    self._close_transport()
+            return
+        try:
+            if number == 0:
+                if frame_type != fr.FRAME_METHOD:
+                    raise ConnectionError_(rc.UNEXPECTED_FRAME, "content frame on channel 0")
+                self._connection_method(decode_method(payload))
+                return
+            if self.state != "opened":
+                raise ConnectionError_(
+                    rc.CHANNEL_ERROR, f"frame on channel {number} before Connection.Open"
+                )
+            channel = self.channels.get(number)
+            if channel is None:
+                self._open_channel(number, frame_type, payload)
+                return
+            channel.handle_frame(frame_type, payload)
+        except AmqpError as exc:
+            self.fail(exc.code, exc.text, _index(payload, frame_type))
+        except UnknownMethod as exc:
+            self.fail(rc.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {exc}", _index(payload, frame_type))
+        except fr.SyntaxError_ as exc:
+            self.fail(rc.SYNTAX_ERROR, f"SYNTAX_ERROR - {exc}", _index(payload, frame_type))
+
+    def _open_channel(self, number: int, frame_type: int, payload: bytes) -> None:
+        if frame_type != fr.FRAME_METHOD:
+            raise ConnectionError_(rc.CHANNEL_ERROR, f"frame on unopened channel {number}")
+        method = decode_method(payload)
+        if not isinstance(method, commands.Channel.Open):
+            raise ConnectionError_(
+                rc.CHANNEL_ERROR, f"expected Channel.Open on channel {number}, got {method.name}"
+            )
+        if number > self.channel_max:
+            raise ConnectionError_(
+                rc.CHANNEL_ERROR, f"channel {number} is above channel_max {self.channel_max}"
+            )
+        self.channels[number] = Channel(self, number)
+        self.send(encode_method(number, commands.Channel.OpenOk()))
+
+    def channel_closed(self, channel: Channel) -> None:
+        if self.channels.get(channel.number) is channel:
+            del self.channels[channel.number]
+
+    def fail(self, code: int, text: str, method: int) -> None:
+        """Close the connection for a hard error: Connection.Close, then wait for CloseOk."""
+        if self.state in ("closing", "closed"):
+            return
+        log.info("AMQP connection %s closed: %s", self.peer, text)
+        self.state = "closing"
+        for channel in list(self.channels.values()):
+            channel.close()
+        self.send(
+            encode_method(
+                0, commands.Connection.Close(code, text[:255], method >> 16, method & 0xFFFF)
+            )
+        )
+        self._set_timer(CLOSE_TIMEOUT_S, self._close_transport)
+
+    def shutdown(self) -> None:
+        """Broker stopping: tell the client (320 CONNECTION_FORCED)."""
+        if self.state == "opened":
+            self.fail(rc.CONNECTION_FORCED, "CONNECTION_FORCED - broker shutting down", 0)
+            self.flush()
+        else:
+            self._close_transport()
+
+    # --- negotiation --------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.state = "start"
+        self.send(
+            encode_method(
+                0,
+                commands.Connection.Start(
+                    version_major=0,
+                    version_minor=9,
+                    server_properties={
+                        "product": "FlowMQ-py",
+                        "version": "0.1.0",
+                        "platform": "Python",
+                        "capabilities": {
+                            "publisher_confirms": True,
+                            "basic.nack": True,
+                            "consumer_cancel_notify": True,
+                            "exchange_exchange_bindings": False,
+                            "connection.blocked": False,
+                            "authentication_failure_close": True,
+                            "per_consumer_qos": True,
+                        },
+                    },
+                    mechanisms="PLAIN AMQPLAIN",
+                    locales="en_US",
+                ),
+            )
+        )
+
+    def _connection_method(self, m: Any) -> None:
+        state = self.state
+        if isinstance(m, commands.Connection.StartOk) and state == "start":
+            self._start_ok(m)
+        elif isinstance(m, commands.Connection.TuneOk) and state == "tune":
+            self._tune_ok(m)
+        elif isinstance(m, commands.Connection.Open) and state == "open":
+            self.state = "opening"
+            task = self.loop.create_task(self._open(m))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        elif isinstance(m, commands.Connection.Close):
+            self.send(encode_method(0, commands.Connection.CloseOk()))
+            self.state = "closed"
+            self._close_transport()
+        elif isinstance(m, commands.Connection.CloseOk):
+            self._close_transport()
+        elif isinstance(m, commands.Connection.Blocked | commands.Connection.Unblocked):
+            pass
+        else:
+            raise ConnectionError_(
+                rc.COMMAND_INVALID, f"{m.name} is not valid now (connection state {state})"
+            )
+
+    def _start_ok(self, m: commands.Connection.StartOk) -> None:
+        user, password = _credentials(m.mechanism, m.response)
+        server = self.server
+        users = server.broker.users
+        if user is not None and users.known(user):
+            ok = users.check(user, password)
+        else:
+            ok = server.allow_anonymous
+        if not ok:
+            raise ConnectionError_(
+                rc.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - login refused using authentication mechanism {m.mechanism}",
+            )
+        self.username = user
+        self.state = "tune"
+        self.send(encode_method(0, commands.Connection.Tune(CHANNEL_MAX, FRAME_MAX, HEARTBEAT_S)))
+
+    def _tune_ok(self, m: commands.Connection.TuneOk) -> None:
+        if m.frame_max and m.frame_max < fr.FRAME_MIN_SIZE:
+            raise ConnectionError_(rc.SYNTAX_ERROR, f"frame_max {m.frame_max} is below 4096")
+        self.frame_max = min(m.frame_max or FRAME_MAX, FRAME_MAX)
+        self.channel_max = min(m.channel_max or CHANNEL_MAX, CHANNEL_MAX)
+        self.heartbeat = m.heartbeat
+        self.state = "open"
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.heartbeat:
+            self._set_timer(self.heartbeat / 2, self._beat)
+        else:
+            self._set_timer(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+
+    async def _open(self, m: commands.Connection.Open) -> None:
+        vhost = m.virtual_host or "/"
+        namespace = DEFAULT_NAMESPACE if vhost in ("/", DEFAULT_NAMESPACE) else vhost.lstrip("/")
+        try:
+            await self.server.catalog.get_namespace(namespace)
+        except (NotFound, ValueError):
+            self.fail(rc.NOT_ALLOWED, f"NOT_ALLOWED - vhost {vhost} not found", m.index)
+            self.flush()
+            return
+        if self.state != "opening":
+            return
+        self.vhost = vhost
+        self.namespace = namespace
+        self.state = "opened"
+        self._counted = True
+        metrics.amqp_connections.labels(namespace).inc()
+        self.send(encode_method(0, commands.Connection.OpenOk()))
+        self.flush()
+
+    # --- timers ---------------------------------------------------------------------------
+
+    def _set_timer(self, delay: float, fn: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(delay, fn)
+
+    def _handshake_timeout(self) -> None:
+        if self.state not in ("opened", "closed"):
+            log.info("AMQP connection %s: handshake timed out", self.peer)
+            self._close_transport()
+
+    def _beat(self) -> None:
+        """Send a heartbeat when idle; give up on a peer silent for two intervals."""
+        if self.state == "closed":
+            return
+        now = self.loop.time()
+        if now - self._last_recv > 2 * self.heartbeat:
+            log.info("AMQP connection %s: missed heartbeats", self.peer)
+            self.state = "closed"
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if now - self._last_send >= self.heartbeat / 2:
+            self._write(fr.HEARTBEAT_FRAME)
+        self._set_timer(self.heartbeat / 2, self._beat)
+
+    # --- publish flow control ---------------------------------------------------------------
+
+    def publish_started(self, n: int) -> None:
+        self._pending_publishes += n
+        if self._pending_publishes > MAX_PENDING_PUBLISHES and not self._reading_paused:
+            self._reading_paused = True
+            if self.transport is not None:
+                self.transport.pause_reading()
+
+    def publish_finished(self, n: int) -> None:
+        self._pending_publishes -= n
+        if self._reading_paused and self._pending_publishes < MAX_PENDING_PUBLISHES // 2:
+            self._reading_paused = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    def track_publishes(self, pending: list[Any], channel: Channel) -> None:
+        """A publish without confirms: only failures matter (a full queue closes the
+        channel); the pending count still bounds memory."""
+        self.publish_started(len(pending))
+
+        def done(f: asyncio.Future[Any]) -> None:
+            self.publish_finished(1)
+            if not f.cancelled() and f.exception() is not None:
+                channel.publish_failed(f.exception())  # type: ignore[arg-type]
+                self.flush()
+
+        for awaitable in pending:
+            asyncio.ensure_future(awaitable).add_done_callback(done)
+
+
+def _index(payload: bytes, frame_type: int) -> int:
+    if frame_type == fr.FRAME_METHOD and len(payload) >= 4:
+        return fr.method_index(payload)
+    return 0
+
+
+def _credentials(mechanism: str, response: Any) -> tuple[str | None, bytes | None]:
+    raw = response.encode() if isinstance(response, str) else bytes(response or b"")
+    if mechanism == "PLAIN":
+        parts = raw.split(b"\x00")
+        if len(parts) != 3:
+            raise ConnectionError_(rc.ACCESS_REFUSED, "malformed PLAIN response")
+        return parts[1].decode("utf-8", "replace") or None, parts[2]
+    if mechanism == "AMQPLAIN":
+        try:
+            table = decode.field_table(len(raw).to_bytes(4, "big") + raw)[1]
+        except Exception:
+            raise ConnectionError_(rc.ACCESS_REFUSED, "malformed AMQPLAIN response") from None
+        login = table.get("LOGIN")
+        password = table.get("PASSWORD")
+        if isinstance(password, str):
+            password = password.encode()
+        return (str(login) if login else None), password
+    raise ConnectionError_(rc.ACCESS_REFUSED, f"unsupported mechanism {mechanism!r}")

@@ -1,0 +1,102 @@
+"""The AMQP 0-9-1 listener and the broker-wide AMQP state (exchanges, memory queues).
+
+``AmqpServer(broker)`` is started by the broker for the ``amqp`` role.  It needs the queue
+service (``flowmq_broker.queues.install_queues``), which it installs if the broker has not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from flowmq_broker.amqp.connection import AmqpConnection
+from flowmq_broker.amqp.exchanges import ExchangeRegistry
+from flowmq_broker.amqp.memqueue import MemConsumer, MemoryQueue, MemoryQueues
+from flowmq_broker.queues import QueueService, install_queues
+from flowmq_core.errors import InvalidName, InvalidTopic
+from flowmq_core.mapping import amqp_publish_topic
+from flowmq_wire.amqp.methods import encode_method
+
+log = logging.getLogger(__name__)
+
+_TOPIC_CACHE_MAX = 100_000
+
+
+class AmqpServer:
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.router = broker.router
+        self.catalog = broker.catalog
+        self.allow_anonymous = broker.config.allow_anonymous
+        self.queues: QueueService = install_queues(broker)
+        self.exchanges = ExchangeRegistry(broker.meta)
+        self.memqueues = MemoryQueues(self.router)
+        self.connections: set[AmqpConnection] = set()
+        self.exclusive_consumers: dict[tuple[str, str], Any] = {}
+        self._topics: dict[tuple[str, str, str], str | None] = {}
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self, port: int) -> int:
+        await self.exchanges.load()
+        sync = getattr(self.broker, "sync", None)
+        if sync is not None:
+            sync.on_change.append(self.exchanges.load)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: AmqpConnection(self), "0.0.0.0", port, reuse_address=True, backlog=1024
+        )
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.shutdown()
+        await asyncio.sleep(0)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
+        # Requeues of the closed channels are pending in the engine: persist them now.
+        await self.queues.stop()
+
+    def publish_topic(self, exchange: str, routing_key: str, exchange_type: str) -> str | None:
+        """Canonical topic of a publish, None when no topic can express it (unroutable)."""
+        key = (exchange, routing_key, exchange_type)
+        topic = self._topics.get(key, "")
+        if topic != "":
+            return topic
+        try:
+            topic = amqp_publish_topic(exchange, routing_key, exchange_type)
+        except (InvalidName, InvalidTopic):
+            topic = None
+        if len(self._topics) >= _TOPIC_CACHE_MAX:
+            self._topics.clear()
+        self._topics[key] = topic
+        return topic
+
+    def cancel_consumers_of(self, q: MemoryQueue) -> None:
+        """The memory queue is going away: Basic.Cancel to every consumer of it."""
+        for conn in list(self.connections):
+            for channel in list(conn.channels.values()):
+                for tag, c in list(channel.consumers.items()):
+                    if isinstance(c, MemConsumer) and c.queue is q:
+                        self._notify_cancel(channel, tag)
+
+    def cancel_consumers_of_durable(self, ns: str, name: str) -> None:
+        for conn in list(self.connections):
+            if conn.namespace != ns:
+                continue
+            for channel in list(conn.channels.values()):
+                for tag, c in list(channel.consumers.items()):
+                    if not isinstance(c, MemConsumer) and c.queue == name:
+                        self._notify_cancel(channel, tag)
+
+    @staticmethod
+    def _notify_cancel(channel: Any, tag: str) -> None:
+        from pamqp import commands
+
+        channel.cancel_consumer(tag)
+        channel.conn.send(encode_method(channel.number, commands.Basic.Cancel(tag, True)))

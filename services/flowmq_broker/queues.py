@@ -1,0 +1,101 @@
+"""The Queue destination type and this broker's queue service (DESIGN.md §5 Queue).
+
+``install_queues(broker)`` creates the broker's ``QueueEngine`` on its batcher, registers the
+``queue`` destination type with the router (so MQTT, Kafka, HTTP and AMQP publishes reach
+queues) and starts the lease reaper.  It is idempotent: the broker calls it at start, and the
+AMQP adapter calls it too so that it works on a broker that does not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from flowmq_broker.routing import Binding, DestinationType, Router
+from flowmq_core.errors import NotFound
+from flowmq_core.message import Message
+from flowmq_core.periodic import PeriodicTask
+from flowmq_meta.catalog import QUEUE, Catalog, Destination
+from flowmq_queue import QueueEngine, QueueOptions
+
+log = logging.getLogger(__name__)
+
+REAPER_INTERVAL_S = 2.0
+
+
+class QueueDestinationType(DestinationType):
+    name = QUEUE
+    durable = True
+
+    def __init__(self, engine: QueueEngine, router: Router) -> None:
+        self.engine = engine
+        self.router = router
+        self._options: dict[int, tuple[Destination, QueueOptions]] = {}
+
+    def options(self, ns: str, queue: str) -> QueueOptions | None:
+        dest = self.router.destination(Binding(QUEUE, ns, queue))
+        if dest is None:
+            return None
+        # Destination objects are replaced when the catalog changes: cache by identity.
+        hit = self._options.get(id(dest))
+        if hit is None or hit[0] is not dest:
+            if len(self._options) > 10_000:
+                self._options.clear()
+            hit = self._options[id(dest)] = (dest, QueueOptions.of(dest))
+        return hit[1]
+
+    def accept(self, binding: Binding, message: Message) -> asyncio.Future[int]:
+        opts = self.options(binding.namespace, binding.name) or QueueOptions()
+        return self.engine.enqueue(binding.namespace, binding.name, message, opts)
+
+
+class QueueService:
+    def __init__(self, broker: Any) -> None:
+        self.router: Router = broker.router
+        self.catalog: Catalog = broker.catalog
+        self.type = QueueDestinationType(None, self.router)  # type: ignore[arg-type]
+        self.engine = QueueEngine(
+            broker.meta,
+            broker.objects,
+            broker.batcher,
+            options=self.type.options,
+            dead_letter=self._dead_letter,
+            holder=f"{broker.batcher.node_id}",
+        )
+        self.type.engine = self.engine
+        self.router.register_type(self.type)
+        self._reaper = PeriodicTask("queue-reaper", REAPER_INTERVAL_S, self.reap_once)
+
+    def start(self) -> None:
+        self.engine.start()
+        self._reaper.start()
+
+    async def stop(self) -> None:
+        await self._reaper.stop()
+        await self.engine.close()
+
+    def _dead_letter(self, ns: str, message: Message) -> list[Any]:
+        # DestinationUnavailable propagates: the engine keeps the dead letters and retries.
+        return list(self.router.dispatch(ns, message)[1])
+
+    async def reap_once(self) -> int:
+        queues = [(d.namespace, d.name) for d in self.router.destinations() if d.type == QUEUE]
+        return await self.engine.reap_once(queues, self._is_deleted)
+
+    async def _is_deleted(self, ns: str, queue: str) -> bool:
+        try:
+            await self.catalog.get_destination(ns, queue, QUEUE)
+        except NotFound:
+            return True
+        return False
+
+
+def install_queues(broker: Any) -> QueueService:
+    """The broker's queue service, created and started on first call."""
+    service = getattr(broker, "queues", None)
+    if service is None:
+        service = QueueService(broker)
+        broker.queues = service
+        service.start()
+    return service

@@ -1,0 +1,258 @@
+"""Helpers for the AMQP integration tests: real clients (pika, aio-pika) over real sockets.
+
+- ``broker``: one ``flowmq serve`` process per test module (ports 0, tmp dirs: xdist-safe);
+  tests sharing it use unique queue and topic names (``uid``).
+- ``fresh_broker``: a process of the test's own (restarts, crashes, users).
+- ``connect(port)``: a pika BlockingConnection; ``RawAmqp``: a socket speaking AMQP through
+  pamqp (an independent codec) for what a library client cannot do (send bad frames).
+- ``inproc``: an in-process Broker on its own loop thread, for reaching into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from pamqp import commands, frame, header
+
+from tests.fixtures.broker_process import BrokerProcess, start_broker
+
+HOST = "127.0.0.1"
+TIMEOUT = 10.0
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory) -> Iterator[BrokerProcess]:
+    proc = start_broker(tmp_path_factory.mktemp("amqp") / "data")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def fresh_broker(tmp_path) -> Iterator[BrokerProcess]:
+    proc = start_broker(tmp_path / "data")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_broker_tracebacks(request) -> Iterator[None]:
+    """Bad input must end in protocol answers, never in an exception inside the broker."""
+    brokers = [
+        request.getfixturevalue(name)
+        for name in ("broker", "fresh_broker")
+        if name in request.fixturenames
+    ]
+    marks = [len(b.output) for b in brokers]
+    yield
+    for b, mark in zip(brokers, marks, strict=True):
+        new = "".join(b.output[mark:])
+        assert "Traceback" not in new, f"the broker logged an exception during the test:\n{new}"
+
+
+@pytest.fixture
+def uid() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def connect(port: int, **params: Any) -> pika.BlockingConnection:
+    return pika.BlockingConnection(
+        pika.ConnectionParameters(HOST, port, connection_attempts=3, retry_delay=0.2, **params)
+    )
+
+
+@pytest.fixture
+def amqp(broker) -> Iterator[Callable[..., pika.BlockingConnection]]:
+    """``amqp()``: a BlockingConnection to the module broker, closed at teardown."""
+    made: list[pika.BlockingConnection] = []
+
+    def make(port: int | None = None, **params: Any) -> pika.BlockingConnection:
+        conn = connect(port or broker.ports["amqp"], **params)
+        made.append(conn)
+        return conn
+
+    yield make
+    for conn in made:
+        if conn.is_open:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+
+def drain(channel: Any, queue: str, n: int, *, ack: bool = True, timeout: float = TIMEOUT):
+    """Consume ``n`` messages from ``queue`` (acking them), as (method, properties, body)."""
+    out = []
+    deadline = time.monotonic() + timeout
+    for method, props, body in channel.consume(queue, inactivity_timeout=0.2):
+        if method is not None:
+            out.append((method, props, body))
+            if ack:
+                channel.basic_ack(method.delivery_tag)
+            if len(out) == n:
+                break
+        if time.monotonic() > deadline:
+            break
+    channel.cancel()
+    return out
+
+
+def nothing_more(channel: Any, queue: str, wait: float = 0.5) -> None:
+    for method, _, body in channel.consume(queue, inactivity_timeout=wait):
+        channel.cancel()
+        assert method is None, f"unexpected message {body!r}"
+        return
+
+
+# --- a raw client over pamqp ---------------------------------------------------------------
+class Closed(Exception):
+    pass
+
+
+class RawAmqp:
+    """A socket speaking AMQP through pamqp, one frame at a time."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection((HOST, port), timeout=TIMEOUT)
+        self.buffer = b""
+
+    def send(self, *frames: tuple[Any, int]) -> None:
+        self.sock.sendall(b"".join(frame.marshal(f, ch) for f, ch in frames))
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self, timeout: float = TIMEOUT) -> tuple[int, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.buffer:
+                try:
+                    used, channel, value = frame.unmarshal(self.buffer)
+                except Exception:
+                    used = 0
+                if used:
+                    self.buffer = self.buffer[used:]
+                    return channel, value
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no frame")
+            self.sock.settimeout(remaining)
+            data = self.sock.recv(65536)
+            if not data:
+                raise Closed
+            self.buffer += data
+
+    def expect(self, cls: type) -> Any:
+        _, value = self.recv()
+        while isinstance(value, commands.Basic.Deliver | header.ContentHeader) or type(
+            value
+        ).__name__ in ("ContentBody", "Heartbeat"):
+            _, value = self.recv()
+        assert isinstance(value, cls), f"expected {cls.__name__}, got {value!r}"
+        return value
+
+    def handshake(self, vhost: str = "/", user: str = "guest", password: str = "guest") -> Any:
+        """Up to Connection.OpenOk; returns what answered the Open."""
+        self.send_raw(b"AMQP\x00\x00\x09\x01")
+        self.expect(commands.Connection.Start)
+        self.send(
+            (commands.Connection.StartOk(response=f"\0{user}\0{password}", mechanism="PLAIN"), 0)
+        )
+        tune = self.expect(commands.Connection.Tune)
+        self.send((commands.Connection.TuneOk(tune.channel_max, tune.frame_max, 0), 0))
+        self.send((commands.Connection.Open(virtual_host=vhost), 0))
+        return self.recv()[1]
+
+    def closed_with(self) -> commands.Connection.Close:
+        """The Connection.Close the broker sends (answered with CloseOk)."""
+        close = self.expect(commands.Connection.Close)
+        self.send((commands.Connection.CloseOk(), 0))
+        return close
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def raw(broker) -> Iterator[Callable[[], RawAmqp]]:
+    made: list[RawAmqp] = []
+
+    def make() -> RawAmqp:
+        client = RawAmqp(broker.ports["amqp"])
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+# --- an in-process broker ------------------------------------------------------------------
+class ThreadedBroker:
+    """An in-process Broker on its own event loop thread (blocking clients can be used)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        from flowmq_broker.server import Broker
+        from flowmq_core.config import BrokerConfig
+
+        config = BrokerConfig(
+            data_dir=str(data_dir),
+            http_port=0,
+            mqtt_port=0,
+            kafka_port=0,
+            amqp_port=0,
+            gossip_port=0,
+            admin_token="test-token",
+            node_id="amqp-test",
+        )
+        self.broker = Broker(config)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            await self.broker.start()
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        await self._stop.wait()
+        await self.broker.stop()
+
+    def start(self) -> ThreadedBroker:
+        self._thread.start()
+        assert self._ready.wait(30), "in-process broker did not start"
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def run(self, coro: Any) -> Any:
+        """Run a coroutine on the broker's loop and return its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(TIMEOUT)
+
+    def stop(self) -> None:
+        if self.loop is not None and self._stop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(30)
+
+
+@pytest.fixture
+def inproc(tmp_path) -> Iterator[ThreadedBroker]:
+    tb = ThreadedBroker(tmp_path / "data").start()
+    yield tb
+    tb.stop()

@@ -1,0 +1,285 @@
+"""The Queue store end to end on a memory meta store: enqueue, claim, ack, nack, leases,
+dead letters, TTL, size limit, Basic.Get, purge, delete and object reference counts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from flowmq_core.message import Message
+from flowmq_kas3 import collect_garbage
+from flowmq_meta.keys import OBJECT_REFS, QUEUE_INFLIGHT, QUEUE_READY
+from flowmq_queue import QueueEngine, QueueFull, QueueOptions
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_fifo_with_one_shard(env) -> None:
+    env.queue("q", shards=1)
+    for batch in range(5):
+        await env.publish("q", *[f"{batch}-{i}".encode() for i in range(10)])
+    inbox = env.consumer("q", prefetch=0)
+    await inbox.wait(50)
+    assert inbox.payloads() == [f"{b}-{i}".encode() for b in range(5) for i in range(10)]
+
+
+async def test_shards_spread_entries_and_every_message_arrives_once(env) -> None:
+    env.queue("q", shards=4)
+    for batch in range(8):
+        await env.publish("q", *[f"{batch}-{i}".encode() for i in range(5)])
+    shards = await env.engine.meta.transact(
+        lambda tr: {QUEUE_READY.unpack(k)[2] for k, _ in tr.get_range(*QUEUE_READY.range())}
+    )
+    assert len(shards) > 1
+    inbox = env.consumer("q", prefetch=100)
+    await inbox.wait(40)
+    assert sorted(inbox.payloads()) == sorted(
+        f"{b}-{i}".encode() for b in range(8) for i in range(5)
+    )
+
+
+async def test_ack_deletes_and_releases_objects(env) -> None:
+    env.queue("q")
+    await env.publish("q", *[b"m%d" % i for i in range(30)])
+    inbox = env.consumer("q", prefetch=7)
+    acked = 0
+    while acked < 30:
+        await inbox.wait(acked + 1)
+        for d in inbox.items[acked:]:
+            env.engine.ack(d)
+            acked += 1
+    await env.settle()
+    stats = await env.engine.stats("default", "q")
+    assert stats["count"] == 0 and stats["inflight"] == 0 and stats["bytes"] == 0
+    refs = await env.engine.meta.transact(lambda tr: tr.get_range(*OBJECT_REFS.range()))
+    assert refs == []  # every object's last reference went with the last ack
+    clock = env.clock
+    result = await collect_garbage(
+        env.engine.meta, env.engine.objects, clock=lambda: clock() + 600_000
+    )
+    assert result.deleted >= 1
+    assert await env.engine.objects.list("segments/") == []
+
+
+async def test_prefetch_limits_unacked(env) -> None:
+    env.queue("q")
+    await env.publish("q", *[b"x"] * 20)
+    inbox = env.consumer("q", prefetch=5)
+    await inbox.wait(5)
+    await asyncio.sleep(0.1)
+    assert len(inbox.items) == 5
+    env.engine.ack(inbox.items[0])
+    await inbox.wait(6)
+    await asyncio.sleep(0.05)
+    assert len(inbox.items) == 6
+
+
+async def test_competing_consumers_share_without_overlap(env) -> None:
+    env.queue("q")
+    a, b, c = (env.consumer("q", prefetch=3) for _ in range(3))
+    await env.publish("q", *[b"%d" % i for i in range(60)])
+    seen: list[bytes] = []
+    while len(seen) < 60:
+        await asyncio.sleep(0.01)
+        for inbox in (a, b, c):
+            for d in inbox.items:
+                seen.append(d.message.payload)
+                env.engine.ack(d)
+            inbox.items.clear()
+    assert sorted(seen) == sorted(b"%d" % i for i in range(60))
+    assert len(set(seen)) == 60
+
+
+async def test_nack_requeues_with_redelivered_flag(env) -> None:
+    env.queue("q", max_retries=5)
+    await env.publish("q", b"one")
+    inbox = env.consumer("q", prefetch=1)
+    first = (await inbox.wait(1))[0]
+    assert not first.redelivered
+    env.engine.reject(first, requeue=True)
+    second = (await inbox.wait(2))[1]
+    assert second.message.payload == b"one" and second.redelivered
+    env.engine.ack(second)
+    await env.settle()
+    assert (await env.engine.stats("default", "q"))["count"] == 0
+
+
+async def test_max_retries_moves_to_dead_letter_topic(env) -> None:
+    env.queue("q", max_retries=2, dead_letter_topic="dlq/q")
+    await env.publish("q", b"poison")
+    inbox = env.consumer("q", prefetch=1)
+    for attempt in range(3):
+        d = (await inbox.wait(attempt + 1))[attempt]
+        assert d.redelivered == (attempt > 0)
+        env.engine.reject(d, requeue=True)
+    for _ in range(100):
+        if env.dead:
+            break
+        await asyncio.sleep(0.02)
+    ns, message = env.dead[0]
+    assert message.topic == "dlq/q" and message.payload == b"poison"
+    assert ("x-death-queue", b"q") in message.headers
+    await env.settle()
+    assert (await env.engine.stats("default", "q"))["count"] == 0
+    await asyncio.sleep(0.2)
+    assert len(inbox.items) == 3
+
+
+async def test_reject_without_requeue_and_no_dead_letter_topic_drops(env) -> None:
+    env.queue("q")
+    await env.publish("q", b"bad", b"good")
+    inbox = env.consumer("q", prefetch=2)
+    bad, good = await inbox.wait(2)
+    env.engine.reject(bad, requeue=False)
+    env.engine.ack(good)
+    await env.settle()
+    assert env.dead == []
+    stats = await env.engine.stats("default", "q")
+    assert stats["count"] == 0 and stats["inflight"] == 0
+
+
+async def test_expired_lease_is_reaped_by_another_engine(env) -> None:
+    env.queue("q", max_retries=5)
+    await env.publish("q", b"a", b"b", b"c")
+    inbox = env.consumer("q", prefetch=10)
+    await inbox.wait(3)
+    env.engine.ack(inbox.items[0])
+    await env.settle()
+    # The holder dies: no more renewals, its leases run out.
+    await env.engine.close()
+    clock_b = lambda: env.clock() + 5_000  # noqa: E731 - past the 2 s lease
+    other = QueueEngine(
+        env.engine.meta,
+        env.engine.objects,
+        env.batcher,
+        options=lambda ns, q: env.options.get((ns, q)),
+        clock=clock_b,
+        lease_ms=2_000,
+    )
+    other.start()
+    try:
+        assert await other.reap_once([("default", "q")]) == 2
+        got = []
+        other.subscribe("default", "q", "b", got.extend, prefetch=10)
+        for _ in range(200):
+            if len(got) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert sorted(d.message.payload for d in got) == [b"b", b"c"]
+        assert all(d.redelivered for d in got)
+    finally:
+        await other.close()
+
+
+async def test_ttl_expired_messages_are_not_delivered(env) -> None:
+    env.queue("q", ttl_ms=1_000)
+    await env.publish("q", b"old")
+    env.clock.offset = 2_000
+    env.options[("default", "q")] = QueueOptions(ttl_ms=None)
+    await env.publish("q", b"fresh")
+    inbox = env.consumer("q", prefetch=10)
+    await inbox.wait(1)
+    await asyncio.sleep(0.1)
+    assert inbox.payloads() == [b"fresh"]
+    env.engine.ack(inbox.items[0])
+    await env.settle()
+    assert (await env.engine.stats("default", "q"))["count"] == 0
+
+
+async def test_per_message_expiry(env) -> None:
+    env.queue("q")
+    past = env.clock() - 1
+    await env.publish("q", b"gone", expiry_ms=past)
+    await env.publish("q", b"kept", expiry_ms=past + 60_000)
+    inbox = env.consumer("q")
+    await inbox.wait(1)
+    await asyncio.sleep(0.05)
+    assert inbox.payloads() == [b"kept"]
+
+
+async def test_size_limit_refuses_publish(env) -> None:
+    opts = env.queue("q")
+    body_size = len(_encoded(b"x" * 200))
+    env.options[("default", "q")] = opts = QueueOptions(max_bytes=body_size * 3)
+    await env.publish("q", b"x" * 200, b"x" * 200, b"x" * 200)
+    with pytest.raises(QueueFull, match="full"):
+        await env.engine.enqueue("default", "q", Message("q", b"x" * 200), opts)
+    inbox = env.consumer("q", prefetch=1)
+    env.engine.ack((await inbox.wait(1))[0])
+    await env.settle()
+    await env.publish("q", b"x" * 200)
+
+
+def _encoded(payload: bytes) -> bytes:
+    from flowmq_queue.codec import encode_message
+
+    return encode_message(Message("q", payload))
+
+
+async def test_get_returns_one_and_counts_the_rest(env) -> None:
+    env.queue("q")
+    delivery, left = await env.engine.get("default", "q")
+    assert delivery is None
+    await env.publish("q", b"1", b"2", b"3")
+    delivery, left = await env.engine.get("default", "q")
+    assert delivery is not None and delivery.message.payload == b"1" and left == 2
+    env.engine.ack(delivery)
+    delivery, left = await env.engine.get("default", "q", no_ack=True)
+    assert delivery is not None and delivery.message.payload == b"2" and left == 1
+
+
+async def test_purge_and_delete(env) -> None:
+    env.queue("q")
+    await env.publish("q", *[b"p"] * 12)
+    inbox = env.consumer("q", prefetch=2)
+    await inbox.wait(2)
+    await env.settle()
+    leased = (await env.engine.stats("default", "q"))["inflight"]
+    assert leased >= 2  # delivered, and maybe claimed ahead of the prefetch window
+    assert await env.engine.purge("default", "q") == 12 - leased
+    stats = await env.engine.stats("default", "q")
+    assert stats["count"] == leased and stats["inflight"] == leased
+    await env.engine.delete("default", "q")
+    assert await env.engine.stats("default", "q") == {
+        "seq": 0,
+        "count": 0,
+        "bytes": 0,
+        "inflight": 0,
+    }
+    left = await env.engine.meta.transact(lambda tr: tr.get_range(*QUEUE_INFLIGHT.range()))
+    assert left == []
+
+
+async def test_closed_consumer_messages_go_to_another(env) -> None:
+    env.queue("q")
+    await env.publish("q", b"a", b"b")
+    first = env.consumer("q", prefetch=5)
+    await first.wait(2)
+    env.engine.cancel(first.consumer)
+    for d in first.items:  # what a closing channel does with its unacked deliveries
+        env.engine.reject(d, requeue=True)
+    second = env.consumer("q", prefetch=5)
+    got = await second.wait(2)
+    assert sorted(d.message.payload for d in got) == [b"a", b"b"]
+    assert all(d.redelivered for d in got)
+
+
+async def test_batched_rounds_keep_transactions_per_message_low(env) -> None:
+    env.queue("q")
+    inbox = env.consumer("q", prefetch=256)
+    n = 3000
+    futures = [
+        env.engine.enqueue("default", "q", Message("q", b"x" * 100), env.options[("default", "q")])
+        for _ in range(n)
+    ]
+    acked = 0
+    while acked < n:
+        await inbox.wait(acked + 1)
+        for d in inbox.items[acked:]:
+            env.engine.ack(d)
+            acked += 1
+    await asyncio.gather(*futures)
+    await env.settle()
+    transactions = env.batcher.stats.flushes + env.engine.rounds
+    assert transactions / n <= 0.05

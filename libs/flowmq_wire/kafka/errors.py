@@ -1,0 +1,75 @@
+"""Kafka protocol error codes (``org.apache.kafka.common.protocol.Errors``) used by FlowMQ,
+and the codec's own exceptions."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.IntEnum):
+    UNKNOWN_SERVER_ERROR = -1
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    CORRUPT_MESSAGE = 2
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    INVALID_FETCH_SIZE = 4
+    LEADER_NOT_AVAILABLE = 5
+    NOT_LEADER_OR_FOLLOWER = 6
+    REQUEST_TIMED_OUT = 7
+    MESSAGE_TOO_LARGE = 10
+    OFFSET_METADATA_TOO_LARGE = 12
+    COORDINATOR_LOAD_IN_PROGRESS = 14
+    COORDINATOR_NOT_AVAILABLE = 15
+    NOT_COORDINATOR = 16
+    INVALID_TOPIC_EXCEPTION = 17
+    RECORD_LIST_TOO_LARGE = 18
+    INVALID_REQUIRED_ACKS = 21
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    INVALID_COMMIT_OFFSET_SIZE = 28
+    TOPIC_AUTHORIZATION_FAILED = 29
+    GROUP_AUTHORIZATION_FAILED = 30
+    CLUSTER_AUTHORIZATION_FAILED = 31
+    INVALID_TIMESTAMP = 32
+    UNSUPPORTED_SASL_MECHANISM = 33
+    ILLEGAL_SASL_STATE = 34
+    UNSUPPORTED_VERSION = 35
+    TOPIC_ALREADY_EXISTS = 36
+    INVALID_PARTITIONS = 37
+    INVALID_REPLICATION_FACTOR = 38
+    INVALID_CONFIG = 40
+    INVALID_REQUEST = 42
+    UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+    OUT_OF_ORDER_SEQUENCE_NUMBER = 45
+    DUPLICATE_SEQUENCE_NUMBER = 46
+    INVALID_PRODUCER_EPOCH = 47
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+    KAFKA_STORAGE_ERROR = 56
+    SASL_AUTHENTICATION_FAILED = 58
+    UNKNOWN_PRODUCER_ID = 59
+    NON_EMPTY_GROUP = 68
+    GROUP_ID_NOT_FOUND = 69
+    FETCH_SESSION_ID_NOT_FOUND = 70
+    MEMBER_ID_REQUIRED = 79
+    INVALID_RECORD = 87
+    UNKNOWN_TOPIC_ID = 100
+
+
+class KafkaCodecError(Exception):
+    """Bytes that are not a Kafka request this codec can read; the connection must close,
+    since the stream position of the next frame can no longer be trusted."""
+
+
+class FrameTooLarge(KafkaCodecError):
+    pass
+
+
+class MalformedRequest(KafkaCodecError):
+    pass
+
+
+__all__ = ["ErrorCode", "FrameTooLarge", "KafkaCodecError", "MalformedRequest"]

@@ -1,0 +1,102 @@
+"""The live brokers Kafka clients see, and which of them "leads" a partition or coordinates
+a group (DESIGN.md §6).
+
+Any broker can append to any partition, so a leader is only a client-side hint: partitions
+and groups are spread over the live brokers by rendezvous hashing — every broker computes
+the same owner from the same node table, and a node joining or leaving moves only the keys
+it gains or held.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from flowmq_core.periodic import PeriodicTask
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 2.0
+
+
+def kafka_node_id(node_id: str) -> int:
+    """Kafka node ids are int32; FlowMQ's are names.  A stable non-negative hash of the
+    name lets every broker number every other one the same way without coordination."""
+    return zlib.crc32(node_id.encode()) & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class KafkaNode:
+    name: str
+    id: int
+    host: str | None  # None: the address this client reached us on
+    port: int
+
+
+def _score(key: bytes, node: KafkaNode) -> bytes:
+    return hashlib.blake2b(key + b"\0" + node.name.encode(), digest_size=8).digest()
+
+
+class ClusterView:
+    def __init__(self, broker: Any, *, refresh_s: float = REFRESH_S) -> None:
+        self.broker = broker
+        self.local = KafkaNode(broker.node_id, kafka_node_id(broker.node_id), None, 0)
+        self.nodes: list[KafkaNode] = [self.local]
+        self._owners: dict[bytes, KafkaNode] = {}
+        self._refresh = PeriodicTask("kafka-cluster-view", refresh_s, self.refresh)
+
+    def start(self, port: int) -> None:
+        self.local = KafkaNode(self.broker.node_id, kafka_node_id(self.broker.node_id), None, port)
+        self._set([self.local])
+        self._refresh.start()
+
+    async def stop(self) -> None:
+        await self._refresh.stop()
+
+    def _set(self, nodes: list[KafkaNode]) -> None:
+        nodes.sort(key=lambda n: n.id)
+        if nodes != self.nodes:
+            self.nodes = nodes
+            self._owners.clear()
+
+    async def refresh(self) -> None:
+        # The node table is written once the broker has started every listener.
+        if getattr(self.broker, "nodes_registry", None) is None:
+            return
+        found = [self.local]
+        for node in await self.broker.nodes():
+            port = node.get("ports", {}).get("kafka")
+            if node.get("self") or node.get("status") != "up" or not port:
+                continue
+            name = node["node_id"]
+            found.append(KafkaNode(name, kafka_node_id(name), node.get("host"), int(port)))
+        self._set(found)
+
+    def owner(self, key: str) -> KafkaNode:
+        """The live broker that ``key`` (a partition, a group) maps to."""
+        raw = key.encode()
+        node = self._owners.get(raw)
+        if node is None:
+            if len(self.nodes) == 1:
+                node = self.nodes[0]
+            else:
+                node = max(self.nodes, key=lambda n: _score(raw, n))
+            if len(self._owners) > 100_000:
+                self._owners.clear()
+            self._owners[raw] = node
+        return node
+
+    def partition_leader(self, topic: str, partition: int) -> KafkaNode:
+        return self.owner(f"p\0{topic}\0{partition}")
+
+    def coordinator(self, group: str) -> KafkaNode:
+        return self.owner(f"g\0{group}")
+
+    def is_local(self, node: KafkaNode) -> bool:
+        return node.name == self.local.name
+
+
+__all__ = ["ClusterView", "KafkaNode", "kafka_node_id"]

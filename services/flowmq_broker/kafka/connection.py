@@ -1,0 +1,305 @@
+"""One Kafka client connection: an asyncio Protocol (DESIGN.md §11).
+
+Every complete frame of a read is handled in that read; answers are kept in request order
+(Kafka clients match responses by position as well as correlation id) even when some
+requests wait for storage: a request answered at once while an earlier one still waits is
+parked in its slot.  Everything a read (or one event-loop pass of completions) produces is
+written with one transport call.  Reading pauses while too many answers are outstanding or
+the client is not reading its responses, which bounds the memory a connection can pin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import struct
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from flowmq_wire.kafka import (
+    API_VERSIONS_KEY,
+    KafkaCodecError,
+    RequestHeader,
+    api_versions_error,
+    decode_request,
+    encode_response,
+    parse_request_header,
+    response_class,
+)
+
+if TYPE_CHECKING:
+    from flowmq_broker.kafka.server import KafkaServer
+
+log = logging.getLogger(__name__)
+
+# Outstanding requests per connection before reading pauses (librdkafka pipelines up to
+# max.in.flight = 1M by default; Kafka itself reads one request at a time per connection).
+MAX_OUTSTANDING = 64
+_JOIN_LIMIT = 256 * 1024  # below this, answers are joined into one write; above, writelines
+_SASL_APIS = frozenset({API_VERSIONS_KEY, 17, 36})
+_FIXED_HEAD = struct.Struct(">hhi")  # api_key, api_version, correlation_id: in every header
+
+
+class RequestContext:
+    """What a handler knows about the request besides its body."""
+
+    __slots__ = ("api_key", "client_id", "conn", "correlation_id", "server", "version")
+
+    def __init__(self, conn: KafkaConnection, header: RequestHeader) -> None:
+        self.conn = conn
+        self.server = conn.server
+        self.api_key = header.api_key
+        self.version = header.api_version
+        self.correlation_id = header.correlation_id
+        self.client_id = header.client_id
+
+    @property
+    def response(self) -> Any:
+        """The response class of this request's API and version: ``ctx.response(...)``."""
+        return response_class(self.api_key, self.version)
+
+
+class _Slot:
+    __slots__ = ("data", "done")
+
+    def __init__(self) -> None:
+        self.data: bytes | bytearray | None = None
+        self.done = False
+
+
+class KafkaConnection(asyncio.Protocol):
+    def __init__(self, server: KafkaServer) -> None:
+        self.server = server
+        self.splitter = server.new_splitter()
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.local_host = "127.0.0.1"
+        self.client_host = ""
+        self.closing = False
+        self.user: str | None = None
+        self.sasl_mechanism: str | None = None
+        self.sasl_raw_next = False  # SaslHandshake v0: the next frame is a bare token
+        self.fetching = False
+        # Resolved once the connection's last slow-path Produce reached the batcher.
+        self.produce_gate: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._slots: collections.deque[_Slot] = collections.deque()
+        self._out: list[bytes | bytearray] = []
+        self._flush_scheduled = False
+        self._read_paused = False
+        self._write_paused = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- transport callbacks -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        sock = transport.get_extra_info("sockname")
+        if peer:
+            self.peer = f"{peer[0]}:{peer[1]}"
+            self.client_host = f"/{peer[0]}"
+        if sock:
+            self.local_host = sock[0]
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.server.connections.discard(self)
+        if self.fetching:
+            self.server.update_stream_subscriptions()
+        for task in list(self._tasks):
+            task.cancel()
+        self._slots.clear()
+        self._out.clear()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.splitter.feed(data)
+        except KafkaCodecError as exc:
+            log.info("kafka %s: %s; closing the connection", self.peer, exc)
+            self.close()
+            return
+        for frame in frames:
+            if self.closing:
+                return
+            self._request(frame)
+        self._flush()
+        self._update_reading()
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def _request(self, frame: memoryview) -> None:
+        if self.sasl_raw_next:
+            self.sasl_raw_next = False
+            self.server.sasl_raw_token(self, bytes(frame))
+            return
+        api_key, version, correlation_id = _FIXED_HEAD.unpack_from(frame)
+        server = self.server
+        server.count_request(api_key)
+        spec = server.apis.get(api_key)
+        if spec is None or not spec.min_version <= version <= spec.max_version:
+            # ApiVersions of a version we do not know is answered as v0 with the list, so
+            # the client can retry with one we do; any other API gets the same shape.  The
+            # rest of the header is not read: its layout depends on the version.
+            self._answer(api_versions_error(correlation_id, server.supported))
+            return
+        try:
+            header = parse_request_header(frame)
+        except KafkaCodecError as exc:
+            log.info("kafka %s: %s; closing the connection", self.peer, exc)
+            self.close()
+            return
+        if self.user is None and not server.allow_anonymous and header.api_key not in _SASL_APIS:
+            log.info("kafka %s: %s before authentication; closing", self.peer, spec.name)
+            self.close()
+            return
+        try:
+            request = decode_request(header, frame)
+        except KafkaCodecError as exc:
+            log.info("kafka %s: %s; closing the connection", self.peer, exc)
+            self.close()
+            return
+        ctx = RequestContext(self, header)
+        try:
+            result = spec.handler(ctx, request)
+        except Exception:
+            log.exception("kafka %s: %s v%d failed", self.peer, spec.name, header.api_version)
+            self.close()
+            return
+        self._dispatch_result(ctx, result)
+
+    def _dispatch_result(self, ctx: RequestContext, result: Any) -> None:
+        if result is None:
+            return  # nothing to answer (Produce with acks=0)
+        if isinstance(result, Coroutine):
+            task = self._loop.create_task(result)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            result = task
+        if isinstance(result, asyncio.Future):
+            slot = _Slot()
+            self._slots.append(slot)
+            result.add_done_callback(lambda fut: self._completed(ctx, slot, fut))
+            return
+        self._answer(self._encode(ctx, result))
+
+    def _encode(self, ctx: RequestContext, response: Any) -> bytes | bytearray:
+        if isinstance(response, bytes | bytearray):
+            return response
+        return encode_response(response, ctx.correlation_id)
+
+    def _answer(self, data: bytes | bytearray) -> None:
+        if self._slots:
+            slot = _Slot()
+            slot.data, slot.done = data, True
+            self._slots.append(slot)
+        else:
+            self._out.append(data)
+
+    def _completed(self, ctx: RequestContext, slot: _Slot, fut: asyncio.Future[Any]) -> None:
+        if self.closing:
+            return
+        if fut.cancelled():
+            self.close()
+            return
+        exc = fut.exception()
+        if exc is not None:
+            log.error(
+                "kafka %s: %s v%d failed",
+                self.peer,
+                self.server.apis[ctx.api_key].name,
+                ctx.version,
+                exc_info=exc,
+            )
+            self.close()
+            return
+        response = fut.result()
+        try:
+            slot.data = None if response is None else self._encode(ctx, response)
+        except Exception:
+            log.exception("kafka %s: cannot encode the response", self.peer)
+            self.close()
+            return
+        slot.done = True
+        slots = self._slots
+        while slots and slots[0].done:
+            data = slots.popleft().data
+            if data is not None:
+                self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        self._update_reading()
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if not out:
+            return
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            if len(out) == 1:
+                transport.write(out[0])
+            elif sum(len(b) for b in out) < _JOIN_LIMIT:
+                transport.write(b"".join(out))
+            else:
+                transport.writelines(out)
+        self._out = []
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or self.closing:
+            return
+        pause = self._write_paused or len(self._slots) >= MAX_OUTSTANDING
+        if pause and not self._read_paused:
+            self._read_paused = True
+            transport.pause_reading()
+        elif not pause and self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+
+    def send_now(self, data: bytes | bytearray) -> None:
+        """Write bytes outside the request/response order (SASL v0 tokens)."""
+        self._answer(data)
+        self._flush()
+
+    def close(self) -> None:
+        """Write what is answered, then close; later answers are dropped."""
+        if self.closing:
+            return
+        self._flush()
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def close_after_answers(self) -> None:
+        """Close once every request so far is answered (a failed authentication)."""
+        if not self._slots:
+            self._loop.call_soon(self.close)
+            return
+        last = self._slots[-1]
+
+        def check() -> None:
+            if self.closing:
+                return
+            if last.done and last not in self._slots:
+                self.close()
+            else:
+                self._loop.call_later(0.01, check)
+
+        self._loop.call_soon(check)
+
+
+__all__ = ["MAX_OUTSTANDING", "KafkaConnection", "RequestContext"]

@@ -1,0 +1,201 @@
+"""Fetch (with long poll) and ListOffsets.
+
+Record bytes go out exactly as stored (base offsets already patched by the store).  A Fetch
+reads its partitions concurrently; while the result is below ``min_bytes`` it waits on the
+partitions' high watermarks (``StreamStore.wait_for_any``) until ``max_wait_ms`` and reads
+again.  Sessions (KIP-227) are not kept: every answer is a full one with session id 0,
+which clients take as "no session" and keep sending full requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, NamedTuple
+
+import flowmq_metrics as metrics
+from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.topics import partition_count
+from flowmq_kas3.errors import OffsetOutOfRange
+from flowmq_kas3.records import iter_batches
+from flowmq_kas3.store import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, FetchResult
+from flowmq_wire.kafka import ErrorCode
+
+log = logging.getLogger(__name__)
+
+_EMPTY = b""
+
+
+class _Want(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+    max_bytes: int
+    error: int  # known before reading (unknown topic or partition)
+
+
+class _Got(NamedTuple):
+    error: int
+    records: bytes | bytearray
+    high_watermark: int
+    log_start_offset: int
+
+
+def _wants(ctx: RequestContext, req: Any) -> list[_Want]:
+    topics = ctx.server.topics
+    wants = []
+    for t in req.topics:
+        dest = topics.get(t.topic)
+        count = partition_count(dest) if dest is not None else 0
+        for p in t.partitions:
+            error = (
+                ErrorCode.NONE if 0 <= p.partition < count else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            )
+            wants.append(_Want(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes, error))
+    return wants
+
+
+async def _read(ctx: RequestContext, want: _Want, limit: int) -> _Got:
+    if want.error:
+        return _Got(want.error, _EMPTY, -1, -1)
+    store = ctx.server.broker.streams
+    try:
+        result: FetchResult = await store.fetch(
+            ctx.server.namespace, want.topic, want.partition, want.offset, max(1, limit)
+        )
+    except OffsetOutOfRange as exc:
+        return _Got(ErrorCode.OFFSET_OUT_OF_RANGE, _EMPTY, exc.high_watermark, exc.log_start_offset)
+    except Exception as exc:  # storage trouble: the client retries, as with a Kafka disk error
+        log.warning("kafka: fetch %s[%d] failed: %s", want.topic, want.partition, exc)
+        return _Got(ErrorCode.KAFKA_STORAGE_ERROR, _EMPTY, -1, -1)
+    return _Got(ErrorCode.NONE, result.records, result.high_watermark, result.log_start_offset)
+
+
+async def handle_fetch(ctx: RequestContext, req: Any) -> Any:
+    server = ctx.server
+    conn = ctx.conn
+    if not conn.fetching:
+        conn.fetching = True
+        server.update_stream_subscriptions()
+    resp = ctx.response
+    if ctx.version >= 7 and (req.session_id != 0 or req.session_epoch > 0):
+        return resp(
+            throttle_time_ms=0,
+            error_code=ErrorCode.FETCH_SESSION_ID_NOT_FOUND,
+            session_id=0,
+            responses=[],
+        )
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
+    max_bytes = req.max_bytes if ctx.version >= 3 and req.max_bytes > 0 else 1 << 30
+    wants = _wants(ctx, req)
+    store = server.broker.streams
+    ns = server.namespace
+    while True:
+        got = await asyncio.gather(*(_read(ctx, w, min(w.max_bytes, max_bytes)) for w in wants))
+        size = sum(len(g.records) for g in got)
+        remaining = deadline - loop.time()
+        if size >= req.min_bytes or remaining <= 0 or any(g.error for g in got):
+            break
+        positions = [
+            (ns, w.topic, w.partition, g.high_watermark) for w, g in zip(wants, got, strict=True)
+        ]
+        if not await store.wait_for_any(positions, remaining):
+            break
+    return _response(ctx, wants, got, max_bytes)
+
+
+def _response(ctx: RequestContext, wants: list[_Want], got: list[_Got], max_bytes: int) -> Any:
+    resp = ctx.response
+    topic_cls = resp.FetchableTopicResponse
+    part_cls = topic_cls.PartitionData
+    by_topic: dict[str, list[Any]] = {}
+    budget = max_bytes
+    out_records = out_bytes = 0
+    for want, g in zip(wants, got, strict=True):
+        records = g.records
+        if records:
+            # The first non-empty partition always goes whole (KIP-74), the others while
+            # the request's max_bytes lasts.
+            if out_bytes and len(records) > budget:
+                records = _EMPTY
+            else:
+                budget -= len(records)
+                out_bytes += len(records)
+                out_records += sum(info.record_count for info in iter_batches(records))
+        by_topic.setdefault(want.topic, []).append(
+            part_cls(
+                partition_index=want.partition,
+                error_code=g.error,
+                high_watermark=g.high_watermark,
+                last_stable_offset=g.high_watermark,
+                log_start_offset=g.log_start_offset,
+                aborted_transactions=None,
+                preferred_read_replica=-1,
+                records=records,
+            )
+        )
+    if out_records:
+        ns = ctx.server.namespace
+        metrics.kafka_messages_out_count.labels(ns).inc(out_records)
+        metrics.kafka_messages_out_bytes_count.labels(ns).inc(out_bytes)
+    return resp(
+        throttle_time_ms=0,
+        error_code=ErrorCode.NONE,
+        session_id=0,
+        responses=[topic_cls(topic=name, partitions=parts) for name, parts in by_topic.items()],
+    )
+
+
+# -- ListOffsets -------------------------------------------------------------------------------
+
+
+async def _offset_for(
+    ctx: RequestContext, topic: str, partition: int, timestamp: int
+) -> tuple[int, int, int]:
+    """(error, timestamp, offset) as ListOffsets answers them."""
+    dest = ctx.server.topics.get(topic)
+    if dest is None or not 0 <= partition < partition_count(dest):
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1
+    if timestamp < 0 and timestamp not in (LATEST_TIMESTAMP, EARLIEST_TIMESTAMP):
+        return ErrorCode.UNSUPPORTED_VERSION, -1, -1
+    store = ctx.server.broker.streams
+    try:
+        found = await store.offset_for_timestamp(ctx.server.namespace, topic, partition, timestamp)
+    except Exception as exc:
+        log.warning("kafka: offsets of %s[%d] unavailable: %s", topic, partition, exc)
+        return ErrorCode.KAFKA_STORAGE_ERROR, -1, -1
+    if found is None:
+        return ErrorCode.NONE, -1, -1
+    offset, ts = found
+    return ErrorCode.NONE, ts, offset
+
+
+async def handle_list_offsets(ctx: RequestContext, req: Any) -> Any:
+    resp = ctx.response
+    topic_cls = resp.ListOffsetsTopicResponse
+    part_cls = topic_cls.ListOffsetsPartitionResponse
+    jobs = [
+        (t.name, p.partition_index, _offset_for(ctx, t.name, p.partition_index, p.timestamp))
+        for t in req.topics
+        for p in t.partitions
+    ]
+    results = await asyncio.gather(*(job for _, _, job in jobs))
+    by_topic: dict[str, list[Any]] = {}
+    for (topic, partition, _), (error, ts, offset) in zip(jobs, results, strict=True):
+        by_topic.setdefault(topic, []).append(
+            part_cls(
+                partition_index=partition,
+                error_code=error,
+                timestamp=ts,
+                offset=offset,
+                leader_epoch=-1,
+            )
+        )
+    return resp(
+        throttle_time_ms=0,
+        topics=[topic_cls(name=name, partitions=parts) for name, parts in by_topic.items()],
+    )
+
+
+__all__ = ["handle_fetch", "handle_list_offsets"]

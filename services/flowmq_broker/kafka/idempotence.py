@@ -1,0 +1,260 @@
+"""Idempotent producers: producer ids and per (producer, partition) sequence checks.
+
+As the Java broker does, the last few batches of each producer on each partition are kept
+(first and last sequence, offset); a batch that repeats one of them is a retry of something
+already written and is answered with its original offset without appending again, and a
+batch that does not continue the sequence is refused with OUT_OF_ORDER_SEQUENCE_NUMBER.
+
+The state lives in memory for speed and, for durability, in the meta store next to the
+data: each batch's entry is written by a hook running in the very flush transaction that
+gives the batch its offsets (``StreamStore.append_nowait(on_commit=...)``), so after a
+crash, or on another broker, the state matches exactly what was acknowledged.  A broker
+loads a producer's state the first time it sees it on a partition, and again when the
+sequence seems to have a gap (another broker may have appended since).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+import struct
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import fdb.tuple as fdbtuple
+
+from flowmq_kas3.errors import InvalidRecordBatch
+from flowmq_kas3.records import iter_batches
+from flowmq_meta import Transaction, decode_int, encode_int
+from flowmq_meta.api import MetaStore
+from flowmq_meta.keys import KAFKA_PRODUCERS
+from flowmq_wire.kafka import ErrorCode
+
+log = logging.getLogger(__name__)
+
+# Batches remembered per producer and partition: a producer has at most 5 in flight.
+KEEP_BATCHES = 5
+ID_BLOCK = 100
+MAX_STATES = 200_000
+_SEQ_WRAP = 1 << 31
+_PRODUCER = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequence at byte 43
+_NEXT_ID_KEY = KAFKA_PRODUCERS.pack("next_id")
+FIRST_PRODUCER_ID = 1000
+
+StateKey = tuple[str, str, int, int]
+"""(namespace, stream, partition, producer id)."""
+
+
+class ProducerBatch(NamedTuple):
+    """What the producer fields of a produced chunk say (all its batches together)."""
+
+    producer_id: int
+    epoch: int
+    first_seq: int
+    last_seq: int
+
+
+def producer_batch(records: bytes | memoryview) -> ProducerBatch | None:
+    """The producer id, epoch and sequence range of a chunk, or None if it is not from an
+    idempotent producer.  Raises ``InvalidRecordBatch`` when the batches of one chunk
+    disagree (different producers, or a sequence that is not continuous)."""
+    found: ProducerBatch | None = None
+    for info in iter_batches(records):
+        pid, epoch, seq = _PRODUCER.unpack_from(records, info.position + 43)
+        if pid < 0:
+            if found is not None:
+                raise InvalidRecordBatch("idempotent and plain batches mixed in one partition")
+            continue
+        last = (seq + info.offset_count - 1) % _SEQ_WRAP
+        if found is None:
+            found = ProducerBatch(pid, epoch, seq, last)
+        elif pid != found.producer_id or epoch != found.epoch:
+            raise InvalidRecordBatch("batches of several producers in one partition")
+        elif seq != (found.last_seq + 1) % _SEQ_WRAP:
+            raise InvalidRecordBatch("batch sequence numbers are not continuous")
+        else:
+            found = found._replace(last_seq=last)
+    return found
+
+
+class _Entry:
+    __slots__ = ("first_seq", "future", "last_seq", "offset")
+
+    def __init__(self, first_seq: int, last_seq: int, offset: int | None) -> None:
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        self.offset = offset
+        self.future: asyncio.Future[int] | None = None
+
+
+class _State:
+    __slots__ = ("batches", "epoch", "pending")
+
+    def __init__(self, epoch: int | None = None, batches: Iterable[_Entry] = ()) -> None:
+        self.epoch = epoch
+        self.batches: collections.deque[_Entry] = collections.deque(batches, maxlen=KEEP_BATCHES)
+        self.pending = 0
+
+
+class Verdict(NamedTuple):
+    """``error`` NONE and ``duplicate`` None: append.  ``duplicate``: answer with its offset
+    (an int, or the future of a copy still being written).  ``stale``: the gap may be
+    another broker's appends; reload and check again."""
+
+    error: ErrorCode = ErrorCode.NONE
+    duplicate: int | asyncio.Future[int] | None = None
+    stale: bool = False
+
+
+def _persist(
+    key: bytes, epoch: int, first_seq: int, last_seq: int, tr: Transaction, base: int
+) -> None:
+    """In the flush transaction: add this batch to the stored state (read from the
+    transaction itself, so several batches in one flush chain correctly)."""
+    raw = tr.get(key)
+    entries: list[tuple[int, int, int]] = []
+    if raw is not None:
+        stored_epoch, stored = fdbtuple.unpack(raw)
+        if stored_epoch == epoch:
+            entries = list(stored)
+    entries.append((first_seq, last_seq, base))
+    tr.set(key, fdbtuple.pack((epoch, tuple(entries[-KEEP_BATCHES:]))))
+
+
+class ProducerStates:
+    def __init__(self, meta: MetaStore, *, max_states: int = MAX_STATES) -> None:
+        self.meta = meta
+        self.max_states = max_states
+        self._states: dict[StateKey, _State] = {}
+        self._next_id = 0
+        self._id_limit = 0
+        self._id_lock = asyncio.Lock()
+
+    # -- producer ids ------------------------------------------------------------------------
+
+    async def allocate_id(self) -> int:
+        """A producer id no broker sharing the meta store has handed out; blocks of ids are
+        reserved in one transaction."""
+        async with self._id_lock:
+            if self._next_id >= self._id_limit:
+
+                def reserve(tr: Transaction) -> int:
+                    start = max(decode_int(tr.get(_NEXT_ID_KEY)), FIRST_PRODUCER_ID)
+                    tr.set(_NEXT_ID_KEY, encode_int(start + ID_BLOCK))
+                    return start
+
+                start = await self.meta.transact(reserve)
+                self._next_id, self._id_limit = start, start + ID_BLOCK
+            pid = self._next_id
+            self._next_id += 1
+            return pid
+
+    # -- state -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _key(key: StateKey) -> bytes:
+        return KAFKA_PRODUCERS.pack("seq", *key)
+
+    def known(self, key: StateKey) -> bool:
+        return key in self._states
+
+    async def load(self, keys: Iterable[StateKey], *, refresh: bool = False) -> None:
+        """Read the stored state of ``keys`` (those not in memory, or all with ``refresh``)
+        in one transaction."""
+        wanted = [k for k in dict.fromkeys(keys) if refresh or k not in self._states]
+        if not wanted:
+            return
+        packed = [self._key(k) for k in wanted]
+        rows = await self.meta.transact(lambda tr: [tr.get(k) for k in packed])
+        for key, raw in zip(wanted, rows, strict=True):
+            current = self._states.get(key)
+            if current is not None and (current.pending or not refresh):
+                continue  # batches in flight are newer than anything stored
+            if raw is None:
+                self._states[key] = _State()
+                continue
+            epoch, stored = fdbtuple.unpack(raw)
+            self._states[key] = _State(epoch, (_Entry(f, last, off) for f, last, off in stored))
+        self._evict()
+
+    def check(self, key: StateKey, batch: ProducerBatch, *, loaded_now: bool = False) -> Verdict:
+        """Decide on ``batch`` against the state (which must be known)."""
+        state = self._states[key]
+        if state.epoch is not None and batch.epoch < state.epoch:
+            return Verdict(ErrorCode.INVALID_PRODUCER_EPOCH)
+        if state.epoch is None or batch.epoch > state.epoch:
+            if batch.first_seq == 0:
+                return Verdict()
+            return Verdict(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, stale=not loaded_now)
+        for entry in state.batches:
+            if entry.first_seq == batch.first_seq and entry.last_seq == batch.last_seq:
+                if entry.offset is not None:
+                    return Verdict(duplicate=entry.offset)
+                if entry.future is not None and not entry.future.done():
+                    return Verdict(duplicate=entry.future)
+        expected = (state.batches[-1].last_seq + 1) % _SEQ_WRAP if state.batches else 0
+        if batch.first_seq != expected:
+            stale = not loaded_now and not state.pending
+            return Verdict(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, stale=stale)
+        return Verdict()
+
+    def accept(self, key: StateKey, batch: ProducerBatch) -> tuple[Any, Any]:
+        """Record ``batch`` as written (pending); returns the hook for the flush transaction
+        and a callback for the append future."""
+        state = self._states[key]
+        if state.epoch != batch.epoch:
+            state.epoch = batch.epoch
+            state.batches.clear()
+        entry = _Entry(batch.first_seq, batch.last_seq, None)
+        state.batches.append(entry)
+        state.pending += 1
+        hook = functools.partial(
+            _persist, self._key(key), batch.epoch, batch.first_seq, batch.last_seq
+        )
+
+        def done(fut: asyncio.Future[int]) -> None:
+            state.pending -= 1
+            if fut.cancelled() or fut.exception() is not None:
+                # Not written: forget it, so the producer's retry is not a "duplicate".
+                try:
+                    state.batches.remove(entry)
+                except ValueError:
+                    pass
+            else:
+                entry.offset = fut.result()
+            entry.future = None
+
+        def track(fut: asyncio.Future[int]) -> None:
+            entry.future = fut
+            fut.add_done_callback(done)
+
+        return hook, track
+
+    def _evict(self) -> None:
+        if len(self._states) <= self.max_states:
+            return
+        drop = len(self._states) - self.max_states * 9 // 10
+        for key in list(self._states):
+            if drop <= 0:
+                break
+            if not self._states[key].pending:
+                del self._states[key]
+                drop -= 1
+
+    async def forget_stream(self, namespace: str, stream: str) -> None:
+        for key in [k for k in self._states if k[0] == namespace and k[1] == stream]:
+            del self._states[key]
+        begin, end = KAFKA_PRODUCERS.range("seq", namespace, stream)
+        await self.meta.transact(lambda tr: tr.clear_range(begin, end))
+
+
+__all__ = [
+    "KEEP_BATCHES",
+    "ProducerBatch",
+    "ProducerStates",
+    "StateKey",
+    "Verdict",
+    "producer_batch",
+]

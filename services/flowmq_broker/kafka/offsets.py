@@ -1,0 +1,183 @@
+"""OffsetCommit and OffsetFetch: committed offsets in the meta store (``GroupOffsetStore``),
+acknowledged once the batched transaction holding them is durable; who may commit is the
+group coordinator's call."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.topics import partition_count
+from flowmq_meta.group_offsets import CommittedOffset
+from flowmq_wire.kafka import ErrorCode
+
+log = logging.getLogger(__name__)
+
+# Kafka's offset.metadata.max.bytes.
+MAX_OFFSET_METADATA = 4096
+
+
+def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
+    server = ctx.server
+    resp = ctx.response
+    topic_cls = resp.OffsetCommitResponseTopic
+    part_cls = topic_cls.OffsetCommitResponsePartition
+    if not server.owns_group(req.group_id):
+        group_error = ErrorCode.NOT_COORDINATOR
+    elif not req.group_id:
+        group_error = ErrorCode.INVALID_GROUP_ID
+    else:
+        group_error = server.coordinator.check_commit(
+            req.group_id, req.generation_id_or_member_epoch, req.member_id or ""
+        )
+    now_ms = int(time.time() * 1000)
+    results: list[tuple[str, list[tuple[int, int]]]] = []
+    entries = []
+    for t in req.topics:
+        dest = server.topics.get(t.name)
+        count = partition_count(dest) if dest is not None else 0
+        codes = []
+        for p in t.partitions:
+            code = group_error
+            if not code:
+                if not 0 <= p.partition_index < count:
+                    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                elif (
+                    p.committed_metadata is not None
+                    and len(p.committed_metadata) > MAX_OFFSET_METADATA
+                ):
+                    code = ErrorCode.OFFSET_METADATA_TOO_LARGE
+                else:
+                    epoch = p.committed_leader_epoch if ctx.version >= 6 else -1
+                    entries.append(
+                        (
+                            t.name,
+                            p.partition_index,
+                            CommittedOffset(
+                                p.committed_offset, p.committed_metadata, epoch, now_ms
+                            ),
+                        )
+                    )
+            codes.append((p.partition_index, code))
+        results.append((t.name, codes))
+
+    def build(error: int) -> Any:
+        return resp(
+            throttle_time_ms=0,
+            topics=[
+                topic_cls(
+                    name=name,
+                    partitions=[
+                        part_cls(partition_index=i, error_code=code or error) for i, code in codes
+                    ],
+                )
+                for name, codes in results
+            ],
+        )
+
+    if not entries:
+        return build(ErrorCode.NONE)
+    written = server.offsets.commit(server.namespace, req.group_id, entries)
+    answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    def done(fut: asyncio.Future[None]) -> None:
+        failed = fut.cancelled() or fut.exception() is not None
+        answer.set_result(build(ErrorCode.COORDINATOR_NOT_AVAILABLE if failed else ErrorCode.NONE))
+
+    written.add_done_callback(done)
+    return answer
+
+
+async def _group_offsets(
+    ctx: RequestContext, group_id: str, topics: list[tuple[str, list[int]]] | None
+) -> tuple[int, list[tuple[str, list[tuple[int, CommittedOffset | None]]]]]:
+    server = ctx.server
+    if not server.owns_group(group_id):
+        return ErrorCode.NOT_COORDINATOR, []
+    if topics is None:
+        try:
+            found = await server.offsets.fetch(server.namespace, group_id)
+        except Exception as exc:
+            log.warning("kafka: cannot read the offsets of group %s: %s", group_id, exc)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+        by_topic: dict[str, list[tuple[int, CommittedOffset | None]]] = {}
+        for (stream, partition), committed in sorted(found.items()):
+            by_topic.setdefault(stream, []).append((partition, committed))
+        return ErrorCode.NONE, list(by_topic.items())
+    wanted = [(name, p) for name, parts in topics for p in parts]
+    try:
+        found = await server.offsets.fetch(server.namespace, group_id, wanted)
+    except Exception as exc:
+        log.warning("kafka: cannot read the offsets of group %s: %s", group_id, exc)
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+    return ErrorCode.NONE, [
+        (name, [(p, found.get((name, p))) for p in parts]) for name, parts in topics
+    ]
+
+
+async def handle_offset_fetch(ctx: RequestContext, req: Any) -> Any:
+    resp = ctx.response
+    if ctx.version >= 8:
+        group_cls = resp.OffsetFetchResponseGroup
+        topic_cls = group_cls.OffsetFetchResponseTopics
+        part_cls = topic_cls.OffsetFetchResponsePartitions
+        groups = []
+        for g in req.groups:
+            topics = None if g.topics is None else [(t.name, t.partition_indexes) for t in g.topics]
+            error, found = await _group_offsets(ctx, g.group_id, topics)
+            groups.append(
+                group_cls(
+                    group_id=g.group_id,
+                    topics=[
+                        topic_cls(
+                            name=name, partitions=[_partition(part_cls, p, c) for p, c in parts]
+                        )
+                        for name, parts in found
+                    ],
+                    error_code=error,
+                )
+            )
+        return resp(throttle_time_ms=0, groups=groups)
+    topic_cls = resp.OffsetFetchResponseTopic
+    part_cls = topic_cls.OffsetFetchResponsePartition
+    topics = None if req.topics is None else [(t.name, t.partition_indexes) for t in req.topics]
+    error, found = await _group_offsets(ctx, req.group_id, topics)
+    if error and ctx.version < 2:  # no top-level error code before v2
+        found = [(name, [(p, None) for p in parts]) for name, parts in (topics or [])]
+    return resp(
+        throttle_time_ms=0,
+        topics=[
+            topic_cls(
+                name=name,
+                partitions=[
+                    _partition(part_cls, p, c, error if ctx.version < 2 else 0) for p, c in parts
+                ],
+            )
+            for name, parts in found
+        ],
+        error_code=error,
+    )
+
+
+def _partition(cls: Any, partition: int, committed: CommittedOffset | None, error: int = 0) -> Any:
+    if committed is None:
+        return cls(
+            partition_index=partition,
+            committed_offset=-1,
+            committed_leader_epoch=-1,
+            metadata="",
+            error_code=error,
+        )
+    return cls(
+        partition_index=partition,
+        committed_offset=committed.offset,
+        committed_leader_epoch=committed.leader_epoch,
+        metadata=committed.metadata if committed.metadata is not None else "",
+        error_code=error,
+    )
+
+
+__all__ = ["handle_offset_commit", "handle_offset_fetch"]

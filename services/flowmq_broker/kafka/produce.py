@@ -1,0 +1,442 @@
+"""Produce and InitProducerId.
+
+A Produce request is checked and every partition's records submitted to the batcher in
+one synchronous pass (``StreamStore.append_nowait``), so all of them can share one flush;
+the answer comes when they are all durable.  Only a topic to auto-create or an idempotent
+producer this broker has not seen yet on a partition needs a round trip to the meta store
+first.
+
+Cross-protocol (DESIGN.md §3): the batches are stored in Stream ``T`` untouched; only when
+the canonical topic ``map(T)`` also matches other destinations are they decoded into
+messages and routed to those (never to ``T`` again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import flowmq_metrics as metrics
+from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.idempotence import ProducerBatch, StateKey, Verdict, producer_batch
+from flowmq_broker.kafka.topics import TopicError, partition_count
+from flowmq_broker.routing import Binding
+from flowmq_core.errors import FlowMQError
+from flowmq_core.mapping import kafka_to_canonical
+from flowmq_core.message import Message
+from flowmq_kas3.errors import InvalidRecordBatch, Kas3Error
+from flowmq_kas3.records import crc_ok, decode_batches, iter_batches
+from flowmq_meta.catalog import STREAM, Destination
+from flowmq_wire.kafka import ErrorCode
+
+log = logging.getLogger(__name__)
+
+_MAX_EPOCH = 32767
+
+
+class _Part:
+    """One partition of a Produce request on its way to an answer."""
+
+    __slots__ = (
+        "batch",
+        "count",
+        "dest",
+        "error",
+        "future",
+        "index",
+        "key",
+        "message",
+        "offset",
+        "records",
+        "topic",
+        "verdict",
+    )
+
+    def __init__(self, topic: str, dest: Destination | None, index: int, records: Any) -> None:
+        self.topic = topic
+        self.dest = dest
+        self.index = index
+        self.records = records
+        self.error: int = ErrorCode.NONE
+        self.message: str | None = None
+        self.offset = -1
+        self.count = 0
+        self.future: asyncio.Future[int] | None = None
+        self.batch: ProducerBatch | None = None
+        self.key: StateKey | None = None
+        self.verdict: Verdict | None = None
+
+    def fail(self, code: int, message: str | None = None) -> None:
+        self.error = code
+        self.message = message
+
+
+def _validate(records: bytes) -> int:
+    """Offsets the chunk occupies; raises ``InvalidRecordBatch`` for bad framing or CRC."""
+    count = 0
+    view = memoryview(records)
+    for info in iter_batches(records):
+        if not crc_ok(view[info.position : info.position + info.size]):
+            raise InvalidRecordBatch(f"record batch at byte {info.position} fails its CRC")
+        count += info.offset_count
+    if count == 0:
+        raise InvalidRecordBatch("empty record set")
+    return count
+
+
+def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]], list[str]]:
+    """Parts per topic, and the topics to create first."""
+    server = ctx.server
+    topics = server.topics
+    plan: list[tuple[str, list[_Part]]] = []
+    missing: list[str] = []
+    for t in req.topic_data:
+        name = t.name
+        dest = topics.get(name)
+        parts = [_Part(name, dest, pd.index, pd.records) for pd in t.partition_data]
+        plan.append((name, parts))
+        if dest is None:
+            error = topics.name_error(name)
+            if error is None and topics.auto_create:
+                missing.append(name)
+                continue
+            for part in parts:
+                if error is not None:
+                    part.fail(error.code, error.message)
+                else:
+                    part.fail(
+                        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
+                    )
+            continue
+        count = partition_count(dest)
+        for part in parts:
+            if not 0 <= part.index < count:
+                part.fail(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic {name!r} has no partition {part.index}",
+                )
+                continue
+            if not part.records:
+                part.fail(ErrorCode.CORRUPT_MESSAGE, "no records")
+                continue
+            try:
+                part.count = _validate(part.records)
+                part.batch = producer_batch(part.records)
+            except InvalidRecordBatch as exc:
+                part.fail(ErrorCode.CORRUPT_MESSAGE, str(exc))
+                continue
+            if part.batch is not None:
+                part.key = (server.namespace, name, part.index, part.batch.producer_id)
+    return plan, missing
+
+
+def _decide(
+    ctx: RequestContext, plan: list[tuple[str, list[_Part]]], loaded: set[Any]
+) -> list[Any]:
+    """Sequence verdicts of the idempotent parts; returns the keys whose state may be stale."""
+    producers = ctx.server.producers
+    stale = []
+    for _, parts in plan:
+        for part in parts:
+            if part.key is None or part.error:
+                continue
+            part.verdict = producers.check(part.key, part.batch, loaded_now=part.key in loaded)  # type: ignore[arg-type]
+            if part.verdict.stale:
+                stale.append(part.key)
+    return stale
+
+
+def handle_produce(ctx: RequestContext, req: Any) -> Any:
+    if req.acks not in (0, 1, -1):
+        return _uniform_error(ctx, req, ErrorCode.INVALID_REQUIRED_ACKS, f"acks={req.acks}")
+    if req.transactional_id:
+        return _uniform_error(
+            ctx,
+            req,
+            ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            "transactions are not supported by FlowMQ",
+        )
+    gate = ctx.conn.produce_gate
+    if gate is not None and not gate.done():
+        # An earlier request of this connection is still on its way to the batcher; a
+        # producer's pipelined batches must reach it in order.
+        return _produce_later(ctx, req, gate)
+    plan, missing = _plan(ctx, req)
+    if missing or _unknown_producers(ctx, plan):
+        return _produce_later(ctx, req, None)
+    if _decide(ctx, plan, set()):
+        return _produce_later(ctx, req, None)
+    return _submit(ctx, req, plan)
+
+
+def _unknown_producers(ctx: RequestContext, plan: list[tuple[str, list[_Part]]]) -> list[Any]:
+    producers = ctx.server.producers
+    return [
+        part.key
+        for _, parts in plan
+        for part in parts
+        if part.key is not None and not part.error and not producers.known(part.key)
+    ]
+
+
+def _produce_later(ctx: RequestContext, req: Any, gate: asyncio.Future[None] | None) -> Any:
+    """The slow path (topics to create, producer state to load, an earlier request still
+    on it): later requests of the connection queue behind this one until it is submitted."""
+    submitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    ctx.conn.produce_gate = submitted
+    return _produce_slowly(ctx, req, gate, submitted)
+
+
+async def _produce_slowly(
+    ctx: RequestContext,
+    req: Any,
+    gate: asyncio.Future[None] | None,
+    submitted: asyncio.Future[None],
+) -> Any:
+    server = ctx.server
+    try:
+        if gate is not None:
+            await asyncio.wait([gate])
+        plan, missing = _plan(ctx, req)
+        if missing:
+            created = await server.topics.ensure(missing)
+            plan, _ = _plan(ctx, req)
+            for name, parts in plan:
+                result = created.get(name)
+                if isinstance(result, TopicError):
+                    for part in parts:
+                        part.fail(result.code, result.message)
+        unknown = _unknown_producers(ctx, plan)
+        if not await _load_producers(ctx, plan, unknown, refresh=False):
+            unknown = []
+        stale = _decide(ctx, plan, set(unknown))
+        if stale and await _load_producers(ctx, plan, stale, refresh=True):
+            _decide(ctx, plan, {*unknown, *stale})
+        result = _submit(ctx, req, plan)
+    finally:
+        if not submitted.done():
+            submitted.set_result(None)
+    return await result if isinstance(result, asyncio.Future) else result
+
+
+async def _load_producers(
+    ctx: RequestContext, plan: list[tuple[str, list[_Part]]], keys: list[Any], *, refresh: bool
+) -> bool:
+    """Load producer state; if the meta store fails, the parts that needed it fail with a
+    retriable error instead of being checked against nothing."""
+    if not keys:
+        return True
+    try:
+        await ctx.server.producers.load(keys, refresh=refresh)
+        return True
+    except Exception as exc:
+        log.warning("kafka: cannot load idempotent producer state: %s", exc)
+        wanted = set(keys)
+        for _, parts in plan:
+            for part in parts:
+                if part.key in wanted and not part.error:
+                    part.fail(ErrorCode.KAFKA_STORAGE_ERROR, "producer state unavailable")
+                    part.verdict = None
+        return False
+
+
+def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) -> Any:
+    server = ctx.server
+    streams = server.broker.streams
+    producers = server.producers
+    ns = server.namespace
+    routed: list[Any] = []
+    in_records = in_bytes = 0
+    for name, parts in plan:
+        for part in parts:
+            if part.error:
+                continue
+            verdict = part.verdict
+            if verdict is not None:
+                if verdict.error:
+                    part.fail(verdict.error, f"sequence check failed for producer {part.key[3]}")  # type: ignore[index]
+                    continue
+                if verdict.duplicate is not None:
+                    if isinstance(verdict.duplicate, int):
+                        part.offset = verdict.duplicate
+                    else:
+                        part.future = verdict.duplicate
+                    continue
+            try:
+                routed.extend(_route_elsewhere(ctx, name, part, req.acks))
+            except InvalidRecordBatch as exc:
+                part.fail(ErrorCode.CORRUPT_MESSAGE, str(exc))
+                continue
+            hook = track = None
+            if part.key is not None:
+                hook, track = producers.accept(part.key, part.batch)  # type: ignore[arg-type]
+            try:
+                fut = streams.append_nowait(ns, name, part.index, part.records, on_commit=hook)
+            except Kas3Error as exc:
+                part.fail(ErrorCode.KAFKA_STORAGE_ERROR, str(exc))
+                if track is not None:
+                    failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+                    failed.set_exception(exc)
+                    track(failed)
+                continue
+            if track is not None:
+                track(fut)
+            part.future = fut
+            in_records += part.count
+            in_bytes += len(part.records)
+    if in_records:
+        metrics.kafka_messages_in_count.labels(ns).inc(in_records)
+        metrics.kafka_messages_in_bytes_count.labels(ns).inc(in_bytes)
+    waits: list[Any] = [part.future for _, parts in plan for part in parts if part.future]
+    if req.acks == 0:
+        for fut in waits:
+            fut.add_done_callback(_ignore_result)
+        if routed:
+            asyncio.ensure_future(_log_routing(asyncio.gather(*routed, return_exceptions=True)))
+        return None
+    if not waits and not routed:
+        return _response(ctx, plan)
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[Any] = loop.create_future()
+    gathered = asyncio.gather(*waits, *routed, return_exceptions=True)
+
+    def finish(g: asyncio.Future[list[Any]]) -> None:
+        try:
+            results = g.result()
+            _apply(plan, results[: len(waits)])
+            _log_routing_results(results[len(waits) :])
+            answer.set_result(_response(ctx, plan))
+        except BaseException as exc:  # never leave the connection waiting
+            answer.set_exception(exc)
+
+    gathered.add_done_callback(finish)
+    return answer
+
+
+def _apply(plan: list[tuple[str, list[_Part]]], results: list[Any]) -> None:
+    it = iter(results)
+    for _, parts in plan:
+        for part in parts:
+            if part.future is None:
+                continue
+            result = next(it)
+            if isinstance(result, BaseException):
+                part.fail(ErrorCode.KAFKA_STORAGE_ERROR, f"not written: {result}")
+            else:
+                part.offset = result
+
+
+def _response(ctx: RequestContext, plan: list[tuple[str, list[_Part]]]) -> Any:
+    resp = ctx.response
+    topic_cls = resp.TopicProduceResponse
+    part_cls = topic_cls.PartitionProduceResponse
+    return resp(
+        responses=[
+            topic_cls(
+                name=name,
+                partition_responses=[
+                    part_cls(
+                        index=p.index,
+                        error_code=p.error,
+                        base_offset=p.offset if not p.error else -1,
+                        log_append_time_ms=-1,
+                        log_start_offset=-1,
+                        record_errors=[],
+                        error_message=p.message if p.error else None,
+                    )
+                    for p in parts
+                ],
+            )
+            for name, parts in plan
+        ],
+        throttle_time_ms=0,
+    )
+
+
+def _uniform_error(ctx: RequestContext, req: Any, code: int, message: str) -> Any:
+    plan = []
+    for t in req.topic_data:
+        parts = [_Part(t.name, None, pd.index, None) for pd in t.partition_data]
+        for part in parts:
+            part.fail(code, message)
+        plan.append((t.name, parts))
+    return None if req.acks == 0 else _response(ctx, plan)
+
+
+def _ignore_result(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
+# -- cross-protocol routing --------------------------------------------------------------------
+
+
+def _route_elsewhere(ctx: RequestContext, name: str, part: _Part, acks: int) -> list[Any]:
+    """Route the records to the other destinations matching ``map(name)``; returns the
+    awaitables of the durable ones.  Decoding (and decompressing) happens only here."""
+    server = ctx.server
+    router = server.broker.router
+    ns = server.namespace
+    canonical = kafka_to_canonical(name)
+    own = Binding(STREAM, ns, name)
+    matched = router.match(ns, canonical)
+    if not matched or (len(matched) == 1 and own in matched):
+        return []
+    pending: list[Any] = []
+    qos = 1 if acks else 0
+    for record in decode_batches(part.records):
+        message = Message(
+            topic=canonical,
+            payload=record.value if record.value is not None else b"",
+            qos=qos,
+            headers=[(k, v if v is not None else b"") for k, v in record.headers],
+            timestamp_ms=record.timestamp,
+            key=record.key,
+            source_protocol="kafka",
+        )
+        try:
+            _, durable = router.dispatch(ns, message, exclude=own)
+        except FlowMQError as exc:
+            log.warning("kafka: could not route %s to other destinations: %s", canonical, exc)
+            return pending
+        pending.extend(durable)
+    return pending
+
+
+def _log_routing_results(results: list[Any]) -> None:
+    for result in results:
+        if isinstance(result, BaseException):
+            log.warning("kafka: a routed copy was not stored: %s", result)
+
+
+async def _log_routing(gathered: Any) -> None:
+    _log_routing_results(await gathered)
+
+
+# -- InitProducerId ----------------------------------------------------------------------------
+
+
+def handle_init_producer_id(ctx: RequestContext, req: Any) -> Any:
+    resp = ctx.response
+    if req.transactional_id:
+        return resp(
+            throttle_time_ms=0,
+            error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+    pid = req.producer_id if ctx.version >= 3 else -1
+    epoch = req.producer_epoch if ctx.version >= 3 else -1
+    if pid is not None and pid >= 0 and epoch is not None and 0 <= epoch < _MAX_EPOCH:
+        # KIP-360: a producer bumps its own epoch to reset its sequences.
+        return resp(throttle_time_ms=0, error_code=0, producer_id=pid, producer_epoch=epoch + 1)
+    return _new_producer_id(ctx)
+
+
+async def _new_producer_id(ctx: RequestContext) -> Any:
+    pid = await ctx.server.producers.allocate_id()
+    return ctx.response(throttle_time_ms=0, error_code=0, producer_id=pid, producer_epoch=0)
+
+
+__all__ = ["handle_init_producer_id", "handle_produce"]

@@ -1,0 +1,147 @@
+"""The Kafka listener (role ``kafka``): ``KafkaServer(broker)``, ``await start(port)``,
+``await stop()``.
+
+Kafka topics are the Streams of the default namespace; produced record batches go to
+``broker.streams`` as they are and, when other destinations match the topic's canonical
+name, through the router to them as well (DESIGN.md §3).  The API table below is exactly
+what ApiVersions advertises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import flowmq_metrics as metrics
+from flowmq_broker.kafka import fetch, groups, metadata, offsets, produce, sasl, topic_admin
+from flowmq_broker.kafka.cluster import ClusterView
+from flowmq_broker.kafka.connection import KafkaConnection
+from flowmq_broker.kafka.coordinator import GroupCoordinator
+from flowmq_broker.kafka.idempotence import ProducerStates
+from flowmq_broker.kafka.topics import TopicManager
+from flowmq_meta.catalog import DEFAULT_NAMESPACE
+from flowmq_meta.group_offsets import GroupOffsetStore
+from flowmq_wire.kafka import API_NAMES, DEFAULT_MAX_FRAME, FrameSplitter, api_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ApiSpec:
+    key: int
+    min_version: int
+    max_version: int
+    handler: Callable[[Any, Any], Any]
+
+    @property
+    def name(self) -> str:
+        return api_name(self.key)
+
+
+# (api key, min, max, handler).  Maxima stop before versions that address topics by id
+# only (Produce 13, Fetch 13, OffsetCommit/OffsetFetch 10) or need transactions.
+API_TABLE: list[tuple[int, int, int, Callable[[Any, Any], Any]]] = [
+    (0, 3, 12, produce.handle_produce),
+    (1, 4, 12, fetch.handle_fetch),
+    (2, 1, 6, fetch.handle_list_offsets),
+    (3, 0, 12, metadata.handle_metadata),
+    (8, 2, 9, offsets.handle_offset_commit),
+    (9, 1, 9, offsets.handle_offset_fetch),
+    (10, 0, 4, metadata.handle_find_coordinator),
+    (11, 0, 9, groups.handle_join_group),
+    (12, 0, 4, groups.handle_heartbeat),
+    (13, 0, 5, groups.handle_leave_group),
+    (14, 0, 5, groups.handle_sync_group),
+    (15, 0, 5, groups.handle_describe_groups),
+    (16, 0, 4, groups.handle_list_groups),
+    (17, 0, 1, sasl.handle_sasl_handshake),
+    (18, 0, 4, metadata.handle_api_versions),
+    (19, 2, 7, topic_admin.handle_create_topics),
+    (20, 1, 6, topic_admin.handle_delete_topics),
+    (22, 0, 5, produce.handle_init_producer_id),
+    (32, 1, 4, metadata.handle_describe_configs),
+    (36, 0, 2, sasl.handle_sasl_authenticate),
+    (37, 0, 3, topic_admin.handle_create_partitions),
+    (42, 0, 2, groups.handle_delete_groups),
+    (60, 0, 1, metadata.handle_describe_cluster),
+]
+
+
+class KafkaServer:
+    def __init__(self, broker: Any, *, max_request_size: int = DEFAULT_MAX_FRAME) -> None:
+        self.broker = broker
+        self.namespace = DEFAULT_NAMESPACE
+        self.max_request_size = max_request_size
+        self.allow_anonymous = bool(getattr(broker.config, "allow_anonymous", True))
+        self.cluster = ClusterView(broker)
+        self.topics = TopicManager(broker, self.namespace)
+        self.offsets = GroupOffsetStore(broker.meta)
+        self.producers = ProducerStates(broker.meta)
+        self.coordinator = GroupCoordinator()
+        self.topics.on_deleted.append(self._forget_topic)
+        self.apis: dict[int, ApiSpec] = {
+            key: ApiSpec(key, low, high, handler) for key, low, high, handler in API_TABLE
+        }
+        self.supported = [(s.key, s.min_version, s.max_version) for s in self.apis.values()]
+        self.connections: set[KafkaConnection] = set()
+        self._request_counters: dict[int, Any] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self.port = 0
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    async def start(self, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: KafkaConnection(self), "0.0.0.0", port, reuse_address=True, backlog=1024
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.cluster.start(self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close()
+        self.coordinator.shutdown()
+        await self.cluster.stop()
+        await self.offsets.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # -- shared helpers for handlers and connections -------------------------------------------
+
+    def new_splitter(self) -> FrameSplitter:
+        return FrameSplitter(self.max_request_size)
+
+    def count_request(self, api_key: int) -> None:
+        counter = self._request_counters.get(api_key)
+        if counter is None:
+            # One "Unknown" label for keys no Kafka defines: a fuzzer must not be able to
+            # create a metric series per random key.
+            name = api_name(api_key) if api_key in API_NAMES else "Unknown"
+            counter = metrics.kafka_requests_count.labels(name)
+            if api_key in API_NAMES:
+                self._request_counters[api_key] = counter
+        counter.inc()
+
+    def update_stream_subscriptions(self) -> None:
+        """``broker_stream_subscriptions``: connections of this broker that fetch."""
+        metrics.broker_stream_subscriptions.set(sum(1 for c in self.connections if c.fetching))
+
+    def owns_group(self, group_id: str) -> bool:
+        return self.cluster.is_local(self.cluster.coordinator(group_id))
+
+    def sasl_raw_token(self, conn: KafkaConnection, token: bytes) -> None:
+        sasl.handle_raw_token(conn, token)
+
+    async def _forget_topic(self, name: str) -> None:
+        await self.offsets.delete_stream(self.namespace, name)
+        await self.producers.forget_stream(self.namespace, name)
+
+
+__all__ = ["API_TABLE", "ApiSpec", "KafkaServer"]

@@ -1,0 +1,77 @@
+"""Two stateless brokers on one meta store and object store: Kafka clients see both,
+partition leaders and group coordinators are spread over them, and records produced through
+either are read back exactly."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.fixtures.broker_process import start_broker
+from tests.integration.kafka.conftest import confluent_conf
+
+ck = pytest.importorskip("confluent_kafka")
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+PARTITIONS = 8
+
+
+def test_two_brokers_share_topics_partitions_and_groups(tmp_path) -> None:
+    data_dir = tmp_path / "data"
+    first = start_broker(data_dir)
+    second = start_broker(data_dir)  # same SQLite meta store and object directory
+    try:
+        both = f"127.0.0.1:{first.ports['kafka']},127.0.0.1:{second.ports['kafka']}"
+        admin = AdminClient({**confluent_conf(first), "bootstrap.servers": both})
+
+        def brokers():
+            return admin.list_topics(timeout=5).brokers
+
+        deadline = time.monotonic() + 15
+        while len(brokers()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert {b.port for b in brokers().values()} == {first.ports["kafka"], second.ports["kafka"]}
+
+        admin.create_topics([NewTopic("shared", PARTITIONS, 1)])["shared"].result(10)
+
+        def leaders() -> set[int]:
+            meta = admin.list_topics("shared", timeout=5).topics["shared"]
+            return {p.leader for p in meta.partitions.values()}
+
+        # Each broker refreshes its view of the node table every 2 s; once both have seen
+        # the other, 8 partitions over 2 brokers give each some to lead.
+        deadline = time.monotonic() + 15
+        while leaders() != set(brokers()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert leaders() == set(brokers())
+
+        producer = ck.Producer(
+            {**confluent_conf(first, acks="all", linger_ms=5), "bootstrap.servers": both}
+        )
+        for i in range(800):
+            producer.produce("shared", value=b"r%d" % i, partition=i % PARTITIONS)
+        assert producer.flush(15) == 0
+
+        consumer = ck.Consumer(
+            {
+                **confluent_conf(second, group_id="shared-group", auto_offset_reset="earliest"),
+                "bootstrap.servers": both,
+            }
+        )
+        consumer.subscribe(["shared"])
+        got = []
+        deadline = time.monotonic() + 20
+        try:
+            while len(got) < 800 and time.monotonic() < deadline:
+                m = consumer.poll(0.2)
+                if m is not None and m.error() is None:
+                    got.append((m.partition(), m.offset(), m.value()))
+        finally:
+            consumer.close()
+        assert sorted(v for _, _, v in got) == sorted(b"r%d" % i for i in range(800))
+        for p in range(PARTITIONS):
+            assert sorted(o for q, o, _ in got if q == p) == list(range(100))
+    finally:
+        second.stop()
+        first.stop()

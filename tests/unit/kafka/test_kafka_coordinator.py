@@ -1,0 +1,127 @@
+"""The group coordinator's state machine: generations, leaders, protocol choice,
+rebalances on join / leave / session timeout, and who may commit."""
+
+from __future__ import annotations
+
+import asyncio
+
+from flowmq_broker.kafka.coordinator import GroupCoordinator, GroupState, JoinResult
+from flowmq_wire.kafka import ErrorCode
+
+RANGE = ("range", b"r")
+STICKY = ("cooperative-sticky", b"s")
+ROBIN = ("roundrobin", b"o")
+
+
+def join(c: GroupCoordinator, member: str = "", protocols=(RANGE,), session_ms: int = 10_000, **kw):
+    return c.join(
+        kw.get("group", "g"),
+        member,
+        None,
+        kw.get("protocol_type", "consumer"),
+        list(protocols),
+        session_ms,
+        kw.get("rebalance_ms", 5_000),
+        "client",
+        "/127.0.0.1",
+        require_known_member_id=kw.get("require_known", False),
+    )
+
+
+async def joined(*futures) -> list[JoinResult]:
+    return list(await asyncio.wait_for(asyncio.gather(*futures), 5))
+
+
+async def synced(c: GroupCoordinator, generation: int, *members: str, leader: str) -> None:
+    """Every member syncs, the leader first (later ones are answered at once)."""
+    for member in sorted(members, key=lambda m: m != leader):
+        result = c.sync("g", generation, member, None, None, [])
+        if isinstance(result, asyncio.Future):
+            result = await asyncio.wait_for(result, 5)
+        assert result.error == ErrorCode.NONE
+
+
+async def test_first_generation_elects_a_leader_and_shares_metadata() -> None:
+    c = GroupCoordinator(initial_delay_s=0.05)
+    a, b = join(c, protocols=(STICKY, RANGE)), join(c, protocols=(RANGE, STICKY))
+    ra, rb = await joined(a, b)
+    assert ra.error == rb.error == ErrorCode.NONE
+    assert ra.generation == rb.generation == 1
+    assert ra.leader == rb.leader == ra.member_id
+    assert {m for m, _, _ in ra.members} == {ra.member_id, rb.member_id}
+    assert not rb.members
+    assert ra.protocol == "cooperative-sticky"  # a tie goes to the leader's preference
+    assert c.groups["g"].state is GroupState.COMPLETING_REBALANCE
+
+    follower = c.sync("g", 1, rb.member_id, None, None, [])
+    leader = c.sync("g", 1, ra.member_id, None, None, [(ra.member_id, b"A"), (rb.member_id, b"B")])
+    assert (await leader).assignment == b"A"
+    assert (await follower).assignment == b"B"
+    assert c.groups["g"].state is GroupState.STABLE
+    assert c.heartbeat("g", 1, rb.member_id) == ErrorCode.NONE
+    assert c.heartbeat("g", 0, rb.member_id) == ErrorCode.ILLEGAL_GENERATION
+    assert c.heartbeat("g", 1, "nobody") == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+async def test_a_leaving_member_triggers_a_rebalance() -> None:
+    c = GroupCoordinator(initial_delay_s=0.01)
+    ra, rb = await joined(join(c), join(c))
+    await synced(c, 1, ra.member_id, rb.member_id, leader=ra.leader)
+    assert c.leave("g", [rb.member_id]) == [ErrorCode.NONE]
+    assert c.heartbeat("g", 1, ra.member_id) == ErrorCode.REBALANCE_IN_PROGRESS
+    # Commits of the old generation still count while members rejoin.
+    assert c.check_commit("g", 1, ra.member_id) == ErrorCode.NONE
+    (again,) = await joined(join(c, ra.member_id))
+    assert (again.error, again.generation, again.leader) == (0, 2, ra.member_id)
+    assert c.check_commit("g", 2, ra.member_id) == ErrorCode.REBALANCE_IN_PROGRESS
+    assert c.check_commit("g", 1, ra.member_id) == ErrorCode.REBALANCE_IN_PROGRESS
+
+
+async def test_a_silent_member_times_out() -> None:
+    c = GroupCoordinator(initial_delay_s=0.01)
+    ra, rb = await joined(join(c, session_ms=1000), join(c, session_ms=1000))
+    await synced(c, 1, ra.member_id, rb.member_id, leader=ra.leader)
+    for _ in range(7):  # a keeps heartbeating, b goes quiet
+        await asyncio.sleep(0.2)
+        c.heartbeat("g", 1, ra.member_id)
+    assert rb.member_id not in c.groups["g"].members
+    assert c.groups["g"].state is GroupState.PREPARING_REBALANCE
+
+
+async def test_protocols_must_overlap() -> None:
+    c = GroupCoordinator(initial_delay_s=0.01)
+    first = join(c, protocols=(RANGE,))
+    refused = join(c, protocols=(ROBIN,))
+    assert refused.error == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    other_type = join(c, protocol_type="connect")
+    assert other_type.error == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+    assert (await first).error == ErrorCode.NONE
+
+
+async def test_member_id_required_then_accepted() -> None:
+    c = GroupCoordinator(initial_delay_s=0.01)
+    first = join(c, require_known=True)
+    assert first.error == ErrorCode.MEMBER_ID_REQUIRED and first.member_id
+    (result,) = await joined(join(c, first.member_id, require_known=True))
+    assert (result.error, result.member_id) == (0, first.member_id)
+    assert join(c, "stranger").error == ErrorCode.UNKNOWN_MEMBER_ID
+
+
+async def test_commits_without_a_generation_only_for_empty_groups() -> None:
+    c = GroupCoordinator(initial_delay_s=0.01)
+    assert c.check_commit("lonely", -1, "") == ErrorCode.NONE
+    (r,) = await joined(join(c))
+    assert c.check_commit("g", 1, r.member_id) == ErrorCode.REBALANCE_IN_PROGRESS
+    await synced(c, 1, r.member_id, leader=r.member_id)
+    assert c.check_commit("g", 1, r.member_id) == ErrorCode.NONE
+    assert c.check_commit("g", -1, "") == ErrorCode.UNKNOWN_MEMBER_ID
+    c.leave("g", [r.member_id])
+    assert c.groups["g"].state is GroupState.EMPTY
+    assert c.check_commit("g", -1, "") == ErrorCode.NONE
+
+
+async def test_shutdown_sends_waiting_members_elsewhere() -> None:
+    c = GroupCoordinator(initial_delay_s=10)
+    pending = join(c)
+    c.shutdown()
+    assert (await pending).error == ErrorCode.NOT_COORDINATOR

@@ -71,6 +71,8 @@ class MqttConnection(asyncio.Protocol):
         self._out: list[bytes] = []
         self._out_bytes = 0
         self._dirty = False
+        self._writing_paused = False
+        self._in_count = self._in_bytes = self._out_count = self._out_payload = 0
         self.m = mqtt_metrics(self.namespace)
         self.client_receive_maximum = 65535
         self.client_max_packet: int | None = None
@@ -83,6 +85,8 @@ class MqttConnection(asyncio.Protocol):
     # --- transport --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        # pause_writing() then tells us cheaply when the socket buffer passes the drop mark.
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.server.connections.add(self)
         self.last_rx = self._loop.time()
         self._timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
@@ -99,6 +103,10 @@ class MqttConnection(asyncio.Protocol):
             self._process(data)
         finally:
             server.current_publisher = None
+            if self._in_count:
+                self.m.messages_in.inc(self._in_count)
+                self.m.bytes_in.inc(self._in_bytes)
+                self._in_count = self._in_bytes = 0
             # Everything this read produced — acks and every subscriber's deliveries — goes
             # out now, one write per connection (uvloop reads a socket many times per wake-up
             # before running callbacks: waiting for call_soon would send megabyte bursts).
@@ -128,10 +136,20 @@ class MqttConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         self._dirty = False
+        if self._out_count:
+            self.m.messages_out.inc(self._out_count)
+            self.m.bytes_out.inc(self._out_payload)
+            self._out_count = self._out_payload = 0
         if self._out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
         self._out.clear()
         self._out_bytes = 0
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
 
     def backlog(self) -> int:
         """Bytes written but not yet taken by the client."""
@@ -441,9 +459,8 @@ class MqttConnection(asyncio.Protocol):
             self.disconnect(rc.RECEIVE_MAXIMUM_EXCEEDED, "too many unacknowledged QoS 1/2 PUBLISH")
             return
         namespace = self.namespace
-        m = self.m
-        m.messages_in.inc()
-        m.bytes_in.inc(len(p.payload))
+        self._in_count += 1  # added to the metrics once per read, in flush_counts
+        self._in_bytes += len(p.payload)
         if not self.server.authorizer.allow(self.client_id, self.username, "publish", topic):
             if qos:
                 ack = Puback if qos == 1 else Pubrec
@@ -538,7 +555,10 @@ class MqttConnection(asyncio.Protocol):
             self.m.dropped.inc()
             return
         if qos == 0:
-            if self.transport is None or self.backlog() > WRITE_HIGH_WATER:
+            if self.transport is None or (
+                (self._writing_paused or self._out_bytes > WRITE_HIGH_WATER)
+                and self.backlog() > WRITE_HIGH_WATER
+            ):
                 self.m.dropped.inc()
                 return
             self._deliver(message, 0, retain, identifiers, None)
@@ -623,9 +643,8 @@ class MqttConnection(asyncio.Protocol):
                 self.session.inflight.pop(packet_id, None)
             return False
         self.write(data)
-        m = self.m
-        m.messages_out.inc()
-        m.bytes_out.inc(len(message.payload))
+        self._out_count += 1  # added to the metrics once per flush
+        self._out_payload += len(message.payload)
         return True
 
     def _properties(self, message: Message) -> dict[str, Any]:

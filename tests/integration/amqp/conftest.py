@@ -14,7 +14,6 @@ import asyncio
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,44 +22,13 @@ import pika
 import pytest
 from pamqp import commands, frame, header
 
-from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.brokers import broker_fixtures, no_broker_tracebacks, uid  # noqa: F401
 
 HOST = "127.0.0.1"
 TIMEOUT = 10.0
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory) -> Iterator[BrokerProcess]:
-    proc = start_broker(tmp_path_factory.mktemp("amqp") / "data")
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def fresh_broker(tmp_path) -> Iterator[BrokerProcess]:
-    proc = start_broker(tmp_path / "data")
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(autouse=True)
-def _no_broker_tracebacks(request) -> Iterator[None]:
-    """Bad input must end in protocol answers, never in an exception inside the broker."""
-    brokers = [
-        request.getfixturevalue(name)
-        for name in ("broker", "fresh_broker")
-        if name in request.fixturenames
-    ]
-    marks = [len(b.output) for b in brokers]
-    yield
-    for b, mark in zip(brokers, marks, strict=True):
-        new = "".join(b.output[mark:])
-        assert "Traceback" not in new, f"the broker logged an exception during the test:\n{new}"
-
-
-@pytest.fixture
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+broker, fresh_broker = broker_fixtures("amqp")
 
 
 def connect(port: int, **params: Any) -> pika.BlockingConnection:

@@ -15,53 +15,20 @@ import socket
 import struct
 import time
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from flowmq_wire.kafka import REQUEST_CLASSES, RESPONSE_CLASSES
-from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.broker_process import BrokerProcess
+from tests.fixtures.brokers import broker_fixtures, no_broker_tracebacks, uid  # noqa: F401
 
 HOST = "127.0.0.1"
 TIMEOUT = 10.0
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory) -> Iterator[BrokerProcess]:
-    proc = start_broker(tmp_path_factory.mktemp("kafka") / "data")
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def fresh_broker(tmp_path) -> Iterator[BrokerProcess]:
-    proc = start_broker(tmp_path / "data")
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(autouse=True)
-def _no_broker_tracebacks(request) -> Iterator[None]:
-    """Bad input and odd client behaviour must end in Kafka error codes or a closed
-    connection, never in an exception inside the broker."""
-    brokers = [
-        request.getfixturevalue(name)
-        for name in ("broker", "fresh_broker")
-        if name in request.fixturenames
-    ]
-    brokers = [b for b in brokers if hasattr(b, "output")]  # in-process brokers log to pytest
-    marks = [len(b.output) for b in brokers]
-    yield
-    for b, mark in zip(brokers, marks, strict=True):
-        new = "".join(b.output[mark:])
-        assert "Traceback" not in new, f"the broker logged an exception during the test:\n{new}"
-
-
-@pytest.fixture
-def uid() -> str:
-    return uuid.uuid4().hex[:10]
+broker, fresh_broker = broker_fixtures("kafka")
 
 
 def bootstrap(broker: BrokerProcess) -> str:

@@ -48,7 +48,7 @@ from flowmq_wire.mqtt.packets import (
     SubscriptionOptions,
     Will,
 )
-from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.brokers import broker_fixtures, no_broker_tracebacks, uid  # noqa: F401
 
 HOST = "127.0.0.1"
 TIMEOUT = 5.0
@@ -59,40 +59,7 @@ QUIET = 0.4  # how long to wait when asserting that something does NOT arrive
 
 
 # --- brokers ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory) -> Iterator[BrokerProcess]:
-    proc = start_broker(tmp_path_factory.mktemp("mqtt") / "data", *ROLES)
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def fresh_broker(tmp_path) -> Iterator[BrokerProcess]:
-    proc = start_broker(tmp_path / "data", *ROLES)
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture(autouse=True)
-def _no_broker_tracebacks(request) -> Iterator[None]:
-    """Fail a test during which a broker it used logged a Python traceback: bad input and
-    client behaviour must end in protocol answers, never in an exception inside the broker."""
-    brokers = [
-        request.getfixturevalue(name)
-        for name in ("broker", "fresh_broker")
-        if name in request.fixturenames
-    ]
-    marks = [len(b.output) for b in brokers]
-    yield
-    for b, mark in zip(brokers, marks, strict=True):
-        new = "".join(b.output[mark:])
-        assert "Traceback" not in new, f"the broker logged an exception during the test:\n{new}"
-
-
-@pytest.fixture
-def uid() -> str:
-    """A short unique tag for client ids and topics of one test."""
-    return uuid.uuid4().hex[:10]
+broker, fresh_broker = broker_fixtures("mqtt", *ROLES)
 
 
 class ThreadedBroker:

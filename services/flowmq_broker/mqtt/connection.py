@@ -318,6 +318,15 @@ class MqttConnection(asyncio.Protocol):
             self.send(Connack(False, refused))
             self.close()
             return
+        if p.will is not None and (
+            _has_wildcard(p.will.topic) or _has_wildcard(p.will.properties.get("response_topic"))
+        ):
+            # A will is published like any PUBLISH: its topics follow the same rules (3.1.1
+            # has no CONNACK code for it: the connection is closed, as Mosquitto does).
+            if v5:
+                self.send(Connack(False, rc.TOPIC_NAME_INVALID))
+            self.close()
+            return
         client_id = p.client_id
         assigned = None
         if not client_id:
@@ -449,6 +458,9 @@ class MqttConnection(asyncio.Protocol):
         # The codec has already checked UTF-8, U+0000 and length; wildcards are left to us.
         if "+" in topic or "#" in topic:
             self.disconnect(rc.TOPIC_NAME_INVALID, f"wildcard in PUBLISH topic {topic[:100]!r}")
+            return
+        if props and _has_wildcard(props.get("response_topic")):  # MQTT-3.3.2-14
+            self.disconnect(rc.PROTOCOL_ERROR, "wildcard in the response topic")
             return
         qos = p.qos
         packet_id = p.packet_id
@@ -801,6 +813,10 @@ class MqttConnection(asyncio.Protocol):
 
     def _on_auth(self, p: Auth) -> None:
         self.disconnect(rc.PROTOCOL_ERROR, "AUTH without an authentication method")
+
+
+def _has_wildcard(topic: str | None) -> bool:
+    return topic is not None and ("+" in topic or "#" in topic)
 
 
 _HANDLERS = {

@@ -14,6 +14,7 @@ from flowmq_wire.mqtt.packets import (
     Publish,
     Subscribe,
     SubscriptionOptions,
+    Will,
 )
 
 from .conftest import roundtrip
@@ -292,3 +293,22 @@ def test_many_bad_clients_do_not_disturb_a_good_one(raw, broker, paho, uid):
         c.close()
         good.publish(f"good/{uid}", str(i).encode(), 1)
     assert [m.payload for m in good.expect(30)] == [str(i).encode() for i in range(30)]
+
+
+def test_wildcard_in_response_topic_is_a_protocol_error(raw, uid, still_serves):
+    c = raw(5)
+    c.connect(f"resp-{uid}")
+    c.send(Publish(f"req/{uid}", b"q", 1, packet_id=1, properties={"response_topic": "reply/+"}))
+    got = c.wait_closed()
+    assert [type(p) for p in got] == [Disconnect] and got[0].reason_code == 0x82
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_will_with_a_wildcard_topic_is_refused(raw, uid, still_serves, level):
+    c = raw(level)
+    c.send(Connect(f"will-{uid}", True, 60, Will("gone/#", b"x"), protocol_level=level))
+    got = c.wait_closed()
+    if level == 5:
+        assert [type(p) for p in got] == [Connack] and got[0].reason_code == 0x90
+    else:
+        assert got == []

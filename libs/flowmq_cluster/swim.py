@@ -204,7 +204,10 @@ class Gossip:
         )
         self._transport = transport  # type: ignore[assignment]
         host, port = transport.get_extra_info("sockname")[:2]
-        self._self.addr = self.advertise or (host, port)
+        if self.advertise:  # a port of 0 there means "the port we just bound"
+            self._self.addr = (self.advertise[0], self.advertise[1] or port)
+        else:
+            self._self.addr = (host, port)
         if self._leaving:  # restarted after stop(): outbid our own "left"
             self._leaving = False
             self._self.incarnation += 1

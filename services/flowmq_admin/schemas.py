@@ -218,6 +218,7 @@ NODE: Schema = {
     "properties": {
         "node_id": {"type": "string"},
         "status": {"type": "string", "enum": ["up", "down"]},
+        "gossip": {"type": "string", "enum": ["alive", "suspect", "dead", "left"]},
         "self": {"type": "boolean"},
         "roles": {"type": "array", "items": {"type": "string"}},
         "ports": {"type": "object"},

@@ -22,6 +22,7 @@ from flowmq_broker.nodes import NodeRegistry
 from flowmq_broker.queues import QueueService, install_queues
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_broker.streams import StreamDestinationType
+from flowmq_cluster import Gossip
 from flowmq_core.config import BrokerConfig
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
@@ -48,6 +49,14 @@ PROTOCOL_ADAPTERS = {
 
 
 PAGE_CACHE_BYTES = 64 * 1024 * 1024
+
+
+def _advertised_host() -> str:
+    """The address other brokers reach us at: this host's name resolved, else loopback."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 class StartupError(Exception):
@@ -80,6 +89,7 @@ class Broker:
         self._runner: web.AppRunner | None = None
         self.mqtt: MqttServer | None = None
         self.adapters: dict[str, Any] = {}
+        self.gossip: Gossip | None = None
         self.batcher: GroupCommitBatcher | None = None
         self.streams: StreamStore | None = None
         self.maintenance: PeriodicTask | None = None
@@ -104,8 +114,28 @@ class Broker:
         return self.mqtt.subscriptions_view() if self.mqtt is not None else []
 
     async def nodes(self) -> list[dict[str, Any]]:
+        """The node table, with liveness from gossip where gossip knows the node."""
         assert self.nodes_registry is not None
-        return await self.nodes_registry.list()
+        nodes = await self.nodes_registry.list()
+        if self.gossip is None:
+            return nodes
+        members = {m.node_id: m for m in self.gossip.all_members()}
+        for node in nodes:
+            member = members.pop(node["node_id"], None)
+            if member is not None:
+                node["status"] = "up" if member.status.value in ("alive", "suspect") else "down"
+                node["gossip"] = member.status.value
+        for member in members.values():  # gossip knows it, the node table not (yet)
+            nodes.append(
+                {
+                    "node_id": member.node_id,
+                    "status": "up" if member.status.value in ("alive", "suspect") else "down",
+                    "gossip": member.status.value,
+                    "roles": member.meta.get("roles", []),
+                    "self": False,
+                }
+            )
+        return nodes
 
     async def metadata_changed(self) -> None:
         assert self.sync is not None
@@ -158,6 +188,7 @@ class Broker:
         await self._start_http()
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{self.ports['http']}"
+        await self._start_gossip()
         if "mqtt" in cfg.roles:
             await self._start_mqtt()
         for role in cfg.roles:
@@ -169,6 +200,8 @@ class Broker:
         await self.nodes_registry.start()
         self.maintenance.start()
         self._write_ports()
+        if self.gossip is not None:
+            self.gossip.update_meta({"roles": cfg.roles, "ports": self.ports})
         log.info(
             "node %s ready: %s", self.node_id, ", ".join(f"{k}={v}" for k, v in self.ports.items())
         )
@@ -197,6 +230,32 @@ class Broker:
         """A name unique to this process for the objects it writes (node ids may be derived
         from the HTTP port, which is not known yet)."""
         return self.config.node_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+    async def _start_gossip(self) -> None:
+        """Join the cluster's SWIM membership (DESIGN.md §6).  Routing does not use it yet:
+        it tells which brokers are alive (cluster nodes API, gossip_cluster_size)."""
+        cfg = self.config
+        self.gossip = Gossip(
+            self.node_id,
+            bind=("0.0.0.0", cfg.gossip_port),
+            seeds=cfg.seeds,
+            meta={"roles": cfg.roles},
+            advertise=(_advertised_host(), 0),
+        )
+        self.gossip.on_member_change = self._member_changed
+        try:
+            _, self.ports["gossip"] = await self.gossip.start()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on gossip port {cfg.gossip_port}: {exc.strerror}"
+            ) from None
+        metrics.gossip_cluster_size.set(len(self.gossip.members()))
+
+    def _member_changed(self, member: Any, old: Any, new: Any) -> None:
+        assert self.gossip is not None
+        metrics.gossip_cluster_size.set(len(self.gossip.members()))
+        if old != new:
+            log.info("cluster member %s: %s -> %s", member.node_id, old and old.value, new.value)
 
     async def _start_mqtt(self) -> None:
         assert self.meta is not None and self.objects is not None
@@ -243,6 +302,11 @@ class Broker:
         os.replace(tmp, path)
 
     async def stop(self) -> None:
+        if self.gossip is not None:
+            try:
+                await self.gossip.stop(leave=True)
+            except Exception:
+                log.exception("could not leave the cluster")
         for role, adapter in list(self.adapters.items()):
             try:
                 await adapter.stop()

@@ -139,25 +139,35 @@ def _routing_metrics(namespace: str) -> tuple[Any, Any]:
 
 
 class CatalogSync:
-    """Keeps a Router's durable bindings equal to the catalog.
+    """Keeps a Router's durable bindings equal to the catalog (DESIGN.md §6 metadata sync).
 
-    Until gossip exists (cluster issue) this polls the global metadata version — one small
-    read per interval — and reloads when it moved; local admin changes call ``refresh``
-    directly so they route at once.
+    Changes made here call ``refresh`` at once; other brokers' changes arrive as gossip
+    events (``refresh`` too); and anti-entropy — every ``interval`` one small read of the global
+    metadata version — catches what gossip missed, counting each missed change-log entry.
     """
 
     def __init__(self, catalog: Catalog, router: Router, interval: float = 1.0) -> None:
         self.catalog = catalog
         self.router = router
-        self._poll = PeriodicTask("catalog-sync", interval, self.refresh)
+        self._poll = PeriodicTask("anti-entropy", interval, self.anti_entropy)
         self.on_change: list[Callable[[], Awaitable[None]]] = []
 
-    async def refresh(self) -> None:
+    async def refresh(self) -> int:
+        """Load the catalog if its version moved; returns how many versions it moved."""
         version, destinations = await self.catalog.snapshot()
-        if version != self.router.version or not self.router.version:
-            self.router.load(version, destinations)
-            for callback in self.on_change:
-                await callback()
+        if version == self.router.version and self.router.version:
+            return 0
+        missed = max(0, version - self.router.version)
+        self.router.load(version, destinations)
+        for callback in self.on_change:
+            await callback()
+        return missed
+
+    async def anti_entropy(self) -> None:
+        missed = await self.refresh()
+        if missed:
+            metrics.anti_entropy_missing_events_detected_count.inc(missed)
+        metrics.anti_entropy_syncs_completed_count.inc()
 
     def start(self) -> None:
         self._poll.start()

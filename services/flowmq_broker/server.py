@@ -49,6 +49,7 @@ PROTOCOL_ADAPTERS = {
 
 
 PAGE_CACHE_BYTES = 64 * 1024 * 1024
+METADATA_EVENT = "metadata.changed"
 
 
 def _advertised_host() -> str:
@@ -138,8 +139,25 @@ class Broker:
         return nodes
 
     async def metadata_changed(self) -> None:
+        """A change was committed through this broker: apply it, then tell the cluster."""
         assert self.sync is not None
         await self.sync.refresh()
+        if self.gossip is not None:
+            self.gossip.broadcast(METADATA_EVENT, {"version": self.router.version})
+            metrics.gossip_events_originated_count.inc()
+
+    def _gossip_event(self, kind: str, payload: dict[str, Any], hops: int, origin: str) -> None:
+        metrics.gossip_event_propagation_hops_count.inc(hops)
+        newer = payload.get("version", 0) > self.router.version
+        if kind == METADATA_EVENT and newer and self.sync is not None:
+            asyncio.get_running_loop().create_task(self._refresh_quietly())
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            assert self.sync is not None
+            await self.sync.refresh()
+        except Exception:  # anti-entropy will retry within a second
+            log.exception("metadata refresh after a gossip event failed")
 
     # --- life cycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -243,6 +261,7 @@ class Broker:
             advertise=(_advertised_host(), 0),
         )
         self.gossip.on_member_change = self._member_changed
+        self.gossip.on_event = self._gossip_event
         try:
             _, self.ports["gossip"] = await self.gossip.start()
         except OSError as exc:

@@ -247,9 +247,11 @@ def serve_flowmq(data_dir: str, amqp_port: int, stats_file: str) -> None:
     """Child mode: one Broker that counts its meta-store transactions."""
     import asyncio
 
+    from flowmq_broker.runtime import tune_interpreter
     from flowmq_broker.server import Broker
     from flowmq_core.config import BrokerConfig
 
+    tune_interpreter()  # as `flowmq serve` does
     interval = os.environ.get("BENCH_FLUSH_INTERVAL")
     if interval is not None:  # experiments only: what the batcher's interval costs
         import flowmq_kas3.batcher as batcher

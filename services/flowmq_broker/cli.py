@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from flowmq_broker.runtime import tune_interpreter
 from flowmq_broker.server import Broker, StartupError
 from flowmq_core.config import ALL_ROLES, BrokerConfig, ConfigError, load_config
 
@@ -108,6 +109,7 @@ def _configure_logging(level: str) -> None:
 
 
 async def _serve(config: BrokerConfig) -> int:
+    tune_interpreter()
     broker = Broker(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -285,7 +285,8 @@ class Channel:
     def _schedule_confirms(self) -> None:
         if not self._confirm_scheduled:
             self._confirm_scheduled = True
-            asyncio.get_running_loop().call_soon(self._send_confirms)
+            # ``asyncio.get_running_loop()`` costs a getpid() system call.
+            self.conn.loop.call_soon(self._send_confirms)
 
     def _send_confirms(self) -> None:
         """Confirm the finished prefix, acks coalesced with ``multiple``."""

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from collections.abc import Callable, Iterator
 
+from flowmq_core.message import now_ms
 from flowmq_metrics import kas3_online_running_tasks
 
 Clock = Callable[[], int]
 """Wall-clock milliseconds since the epoch; injectable so tests can expire leases."""
 
+wall_ms: Clock = now_ms
+"""The default ``Clock``."""
+
 FaultHook = Callable[[str], None]
 """Called with the name of each crash-relevant step (e.g. ``"flush.after_put"``) just after
 that step; a test raises from it to simulate a crash there."""
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def fault(hook: FaultHook | None, point: str) -> None:

@@ -46,7 +46,6 @@ _CODEC_MASK = 0x07
 _CONTROL_MASK = 0x20
 
 TOPIC_HEADER = "flowmq.topic"
-RESERVED_HEADER_PREFIX = "flowmq."
 
 _LENGTH = struct.Struct(">i")
 BASE_OFFSET = struct.Struct(">q")

@@ -27,7 +27,6 @@ from flowmq_meta.changelog import read_version, record_change
 DEFAULT_NAMESPACE = "default"
 STREAM = "stream"
 QUEUE = "queue"
-DESTINATION_TYPES = (STREAM, QUEUE)
 
 # Kafka's default log.retention.hours (168 h); -1 means unbounded, as in Kafka.
 DEFAULT_STREAM_RETENTION_MS = 7 * 24 * 3600 * 1000

@@ -40,10 +40,3 @@ def changes_since(tr: Transaction, version: int, limit: int = 1000) -> list[dict
     begin = CHANGELOG.pack(version + 1)
     _, end = CHANGELOG.range()
     return [json.loads(value) for _, value in tr.get_range(begin, end, limit=limit)]
-
-
-def trim_changes(tr: Transaction, before_version: int) -> None:
-    """Drop log entries older than ``before_version`` once every node has applied them (a node
-    further behind must then reload everything instead of replaying)."""
-    begin, _ = CHANGELOG.range()
-    tr.clear_range(begin, CHANGELOG.pack(before_version))

@@ -351,10 +351,6 @@ class QueueEngine:
             self._return(list(consumer.buffer))
             consumer.buffer.clear()
 
-    def set_prefetch(self, consumer: Consumer, prefetch: int) -> None:
-        consumer.prefetch = prefetch
-        self._kick()
-
     def set_paused(self, consumer: Consumer, paused: bool) -> None:
         consumer.paused = paused
         if not paused:

@@ -11,7 +11,7 @@ from flowmq_core.message import Message
 from flowmq_kas3.batcher import GroupCommit
 from flowmq_meta import Transaction, decode_int, encode_int
 from flowmq_queue.entries import Run
-from flowmq_queue.index import BYTES, SEQ, Delta, QueueOptions, append_runs, stat_key
+from flowmq_queue.index import BYTES, SEQ, Delta, QueueOptions, append_runs, next_seq, stat_key
 
 REFUSED = -1
 
@@ -50,7 +50,7 @@ class EnqueueCommit(GroupCommit):
     ) -> tuple[list[Enqueued], int]:
         _, ns, queue = group
         opts: QueueOptions = chunks[-1][2].opts
-        seq = decode_int(tr.get(stat_key(ns, queue, SEQ)))
+        seq = next_seq(tr, ns, queue)
         limit = opts.max_bytes
         used = decode_int(tr.get(stat_key(ns, queue, BYTES))) if limit is not None else 0
         results: list[Enqueued] = []

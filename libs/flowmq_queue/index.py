@@ -19,7 +19,7 @@ from flowmq_kas3 import refs
 from flowmq_meta import Transaction, decode_int
 from flowmq_meta.catalog import DEFAULT_QUEUE_MAX_RETRIES, DEFAULT_QUEUE_SHARDS, Destination
 from flowmq_meta.keys import QUEUE_DEAD, QUEUE_INFLIGHT, QUEUE_READY, QUEUE_STATS
-from flowmq_queue.entries import Run, decode_run, lease_of
+from flowmq_queue.entries import MAX_RUN, Run, decode_run, lease_of
 
 # Unreferenced objects are deleted this long after their last entry went, so a body GET that
 # read an entry just before it was acknowledged still finds the object.
@@ -126,8 +126,6 @@ def append_runs(
 ) -> int:
     """Write ``run`` (already given its seqs) as ready entries; returns how many entries
     (= references) were written."""
-    from flowmq_queue.entries import MAX_RUN
-
     written = 0
     for start in range(0, len(run), MAX_RUN):
         part = run.slice(start, min(start + MAX_RUN, len(run)))

@@ -10,14 +10,13 @@ import os
 import secrets
 import socket
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 import flowmq_metrics as metrics
 from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
-from flowmq_broker.mqtt.server import MqttServer
 from flowmq_broker.nodes import NodeRegistry
 from flowmq_broker.queues import QueueService, install_queues
 from flowmq_broker.routing import CatalogSync, Router
@@ -38,11 +37,15 @@ from flowmq_meta.users import UserDirectory
 from flowmq_objstore import open_object_store
 from flowmq_objstore.api import ObjectStore, ObjectStoreError
 
+if TYPE_CHECKING:
+    from flowmq_broker.mqtt.server import MqttServer
+
 log = logging.getLogger(__name__)
 
 PROTOCOL_ADAPTERS = {
-    # role: (module, class, config key of its port).  A role whose module does not exist yet
-    # is simply not started.
+    # role: (module, factory taking the broker, config key of its port); imported only when
+    # the role is on, so a Kafka-only broker never loads the MQTT or AMQP code.
+    "mqtt": ("flowmq_broker.mqtt.server", "MqttServer.for_broker", "mqtt_port"),
     "kafka": ("flowmq_broker.kafka.server", "KafkaServer", "kafka_port"),
     "amqp": ("flowmq_broker.amqp.server", "AmqpServer", "amqp_port"),
 }
@@ -58,6 +61,12 @@ def _advertised_host() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+def _liveness(member: Any) -> dict[str, str]:
+    """A gossip member's state as the cluster nodes API shows it (SWIM counts suspects live)."""
+    status = member.status.value
+    return {"status": "up" if status in ("alive", "suspect") else "down", "gossip": status}
 
 
 class StartupError(Exception):
@@ -88,19 +97,25 @@ class Broker:
         self.admin_token = ""
         self.token_generated = False
         self._runner: web.AppRunner | None = None
-        self.mqtt: MqttServer | None = None
         self.adapters: dict[str, Any] = {}
         self.gossip: Gossip | None = None
         self.batcher: GroupCommitBatcher | None = None
         self.streams: StreamStore | None = None
         self.maintenance: PeriodicTask | None = None
         self.queues: QueueService | None = None
-        self._stopped = asyncio.Event()
+
+    @property
+    def mqtt(self) -> MqttServer | None:
+        return self.adapters.get("mqtt")
 
     # --- AdminBackend ---------------------------------------------------------------
-    def route(self, namespace: str, topic: str) -> list[Destination]:
-        found = (self.router.destination(b) for b in self.router.match(namespace, topic))
+    def _destinations(self, bindings: Any) -> list[Destination]:
+        """The catalog destinations among routed bindings (memory subscriptions have none)."""
+        found = (self.router.destination(b) for b in bindings)
         return [dest for dest in found if dest is not None]
+
+    def route(self, namespace: str, topic: str) -> list[Destination]:
+        return self._destinations(self.router.match(namespace, topic))
 
     async def publish(self, namespace: str, message: Message) -> list[Destination]:
         if message.retain and self.mqtt is not None:
@@ -108,8 +123,7 @@ class Broker:
         bindings, pending = self.router.dispatch(namespace, message)
         if pending:
             await asyncio.gather(*pending)
-        found = (self.router.destination(b) for b in bindings)
-        return [dest for dest in found if dest is not None]
+        return self._destinations(bindings)
 
     def subscriptions(self) -> list[dict[str, Any]]:
         return self.mqtt.subscriptions_view() if self.mqtt is not None else []
@@ -124,14 +138,12 @@ class Broker:
         for node in nodes:
             member = members.pop(node["node_id"], None)
             if member is not None:
-                node["status"] = "up" if member.status.value in ("alive", "suspect") else "down"
-                node["gossip"] = member.status.value
+                node.update(_liveness(member))
         for member in members.values():  # gossip knows it, the node table not (yet)
             nodes.append(
                 {
                     "node_id": member.node_id,
-                    "status": "up" if member.status.value in ("alive", "suspect") else "down",
-                    "gossip": member.status.value,
+                    **_liveness(member),
                     "roles": member.meta.get("roles", []),
                     "self": False,
                 }
@@ -185,7 +197,7 @@ class Broker:
             "stream-maintenance",
             STREAM_MAINTENANCE_INTERVAL_S,
             StreamMaintenance(
-                self.meta, self.objects, self.router.destinations, self._node_key()
+                self.meta, self.objects, self.router.destinations, object_owner
             ).run_once,
         )
         self.users = UserDirectory(self.meta)
@@ -207,8 +219,6 @@ class Broker:
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{self.ports['http']}"
         await self._start_gossip()
-        if "mqtt" in cfg.roles:
-            await self._start_mqtt()
         for role in cfg.roles:
             if role in PROTOCOL_ADAPTERS:
                 await self._start_adapter(role)
@@ -276,37 +286,15 @@ class Broker:
         if old != new:
             log.info("cluster member %s: %s -> %s", member.node_id, old and old.value, new.value)
 
-    async def _start_mqtt(self) -> None:
-        assert self.meta is not None and self.objects is not None
-        self.mqtt = MqttServer(
-            self.router,
-            self.meta,
-            self.objects,
-            self.users,
-            node_id=self.node_id,
-            allow_anonymous=self.config.allow_anonymous,
-            max_keep_alive=self.config.mqtt_max_keep_alive,
-        )
-        try:
-            self.ports["mqtt"] = await self.mqtt.start(self.config.mqtt_port)
-        except OSError as exc:
-            raise StartupError(
-                f"cannot listen on MQTT port {self.config.mqtt_port}: {exc.strerror}"
-            ) from None
-
     async def _start_adapter(self, role: str) -> None:
         """Start a protocol adapter: ``cls(broker)``, ``await start(port) -> bound port``,
         ``await stop()``.  Adapters reach the shared parts (router, catalog, streams, meta,
         users, node id) through the broker object."""
-        module_name, class_name, port_key = PROTOCOL_ADAPTERS[role]
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not module_name.startswith(exc.name):
-                raise
-            log.info("%s listener: not built yet in this version; not started", role)
-            return
-        adapter = getattr(module, class_name)(self)
+        module_name, factory_name, port_key = PROTOCOL_ADAPTERS[role]
+        factory: Any = importlib.import_module(module_name)
+        for part in factory_name.split("."):
+            factory = getattr(factory, part)
+        adapter = factory(self)
         port = getattr(self.config, port_key)
         try:
             self.ports[role] = await adapter.start(port)
@@ -335,8 +323,6 @@ class Broker:
             await self.maintenance.stop()
         if self.queues is not None:
             await self.queues.stop()
-        if self.mqtt is not None:
-            await self.mqtt.stop()
         if self.sync is not None:
             await self.sync.stop()
         if self.batcher is not None:
@@ -355,4 +341,3 @@ class Broker:
             await self.objects.close()
         if self.meta is not None:
             await self.meta.close()
-        self._stopped.set()

@@ -17,13 +17,11 @@ from flowmq_wire.kafka.codec import (
     RequestHeader,
     api_name,
     api_versions_error,
-    correlation_id_of,
     decode_request,
     encode_response,
     is_flexible,
     parse_request_header,
     response_class,
-    schema_versions,
 )
 from flowmq_wire.kafka.errors import ErrorCode, FrameTooLarge, KafkaCodecError, MalformedRequest
 from flowmq_wire.kafka.framing import DEFAULT_MAX_FRAME, FrameSplitter
@@ -42,11 +40,9 @@ __all__ = [
     "RequestHeader",
     "api_name",
     "api_versions_error",
-    "correlation_id_of",
     "decode_request",
     "encode_response",
     "is_flexible",
     "parse_request_header",
     "response_class",
-    "schema_versions",
 ]

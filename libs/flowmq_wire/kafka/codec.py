@@ -46,13 +46,6 @@ def api_name(api_key: int) -> str:
     return API_NAMES.get(api_key, f"Unknown{api_key}")
 
 
-def schema_versions(api_key: int) -> tuple[int, int] | None:
-    """The versions kafka-python's schema for ``api_key`` really describes (its classes
-    report 0 as the minimum whatever the schema says)."""
-    cls = REQUEST_CLASSES.get(api_key)
-    return None if cls is None else tuple(cls.valid_versions)  # type: ignore[return-value]
-
-
 def is_flexible(api_key: int, version: int) -> bool:
     cls = REQUEST_CLASSES.get(api_key)
     return cls is not None and cls.flexible_version_q(version)
@@ -64,12 +57,6 @@ class RequestHeader(NamedTuple):
     correlation_id: int
     client_id: str | None
     size: int  # bytes of the header: the body starts here
-
-
-def correlation_id_of(frame: memoryview | bytes) -> int:
-    """The correlation id alone (fixed position in every header version), to answer a
-    request whose header cannot be parsed further."""
-    return struct.unpack_from(">i", frame, 4)[0]
 
 
 def _uvarint(frame: memoryview | bytes, pos: int) -> tuple[int, int]:
@@ -163,11 +150,9 @@ __all__ = [
     "RequestHeader",
     "api_name",
     "api_versions_error",
-    "correlation_id_of",
     "decode_request",
     "encode_response",
     "is_flexible",
     "parse_request_header",
     "response_class",
-    "schema_versions",
 ]

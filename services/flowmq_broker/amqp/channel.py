@@ -35,7 +35,13 @@ from flowmq_core.errors import (
 )
 from flowmq_core.mapping import amqp_binding_filter, amqp_publish_topic, amqp_queue_filter
 from flowmq_core.message import Message
-from flowmq_meta.catalog import QUEUE, Destination, validate_queue_name
+from flowmq_meta.catalog import (
+    DEFAULT_QUEUE_MAX_RETRIES,
+    DEFAULT_QUEUE_SHARDS,
+    QUEUE,
+    Destination,
+    validate_queue_name,
+)
 from flowmq_queue import Delivery
 from flowmq_queue.errors import QueueFull
 from flowmq_wire.amqp import constants as rc
@@ -722,8 +728,6 @@ class Channel:
 
     def _queue_options(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         """Queue destination options from x-arguments (RabbitMQ's names where they exist)."""
-        from flowmq_meta.catalog import DEFAULT_QUEUE_MAX_RETRIES, DEFAULT_QUEUE_SHARDS
-
         options: dict[str, Any] = {
             "max_size_mb": None,
             "message_ttl_seconds": None,

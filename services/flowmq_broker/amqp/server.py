@@ -100,7 +100,3 @@ class AmqpServer:
 
         channel.cancel_consumer(tag)
         channel.conn.send(encode_method(channel.number, commands.Basic.Cancel(tag, True)))
-
-
-# Full collections at most every this many gen-1 collections (CPython's default is 10).
-# GIL hand-over interval (CPython's default is 5 ms).

@@ -448,9 +448,6 @@ class GroupCoordinator:
     def describe(self, group_id: str) -> Group | None:
         return self.groups.get(group_id)
 
-    def member_count(self) -> int:
-        return sum(len(g.members) for g in self.groups.values())
-
     def shutdown(self) -> None:
         """Stop timers; members waiting in Join/Sync are told to find the coordinator
         again (another broker takes over)."""

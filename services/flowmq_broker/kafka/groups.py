@@ -227,12 +227,15 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> Any:
     resp = ctx.response
     server = ctx.server
     results = []
+    stored: set[str] | None = None  # groups with offsets: read once, on first need
     for group_id in req.groups_names:
         if not server.owns_group(group_id):
             code = ErrorCode.NOT_COORDINATOR
         else:
             group = server.coordinator.describe(group_id)
-            known = group is not None or group_id in await server.offsets.groups(server.namespace)
+            if group is None and stored is None:
+                stored = set(await server.offsets.groups(server.namespace))
+            known = group is not None or group_id in stored  # type: ignore[operator]
             if group is not None and group.members:
                 code = ErrorCode.NON_EMPTY_GROUP
             elif not known:
@@ -242,6 +245,8 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> Any:
                 try:
                     await server.offsets.delete_group(server.namespace, group_id)
                     code = ErrorCode.NONE
+                    if stored is not None:
+                        stored.discard(group_id)
                 except Exception as exc:
                     log.warning("kafka: cannot delete the offsets of group %s: %s", group_id, exc)
                     code = ErrorCode.COORDINATOR_NOT_AVAILABLE

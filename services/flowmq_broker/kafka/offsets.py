@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from flowmq_broker.kafka.connection import RequestContext
 from flowmq_broker.kafka.topics import partition_count
+from flowmq_core.message import now_ms
 from flowmq_meta.group_offsets import CommittedOffset
 from flowmq_wire.kafka import ErrorCode
 
@@ -33,7 +33,7 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
         group_error = server.coordinator.check_commit(
             req.group_id, req.generation_id_or_member_epoch, req.member_id or ""
         )
-    now_ms = int(time.time() * 1000)
+    stamp = now_ms()
     results: list[tuple[str, list[tuple[int, int]]]] = []
     entries = []
     for t in req.topics:
@@ -56,9 +56,7 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
                         (
                             t.name,
                             p.partition_index,
-                            CommittedOffset(
-                                p.committed_offset, p.committed_metadata, epoch, now_ms
-                            ),
+                            CommittedOffset(p.committed_offset, p.committed_metadata, epoch, stamp),
                         )
                     )
             codes.append((p.partition_index, code))

@@ -27,7 +27,7 @@ from flowmq_core.mapping import kafka_to_canonical
 from flowmq_core.message import Message
 from flowmq_kas3.errors import InvalidRecordBatch, Kas3Error
 from flowmq_kas3.records import crc_ok, decode_batches, iter_batches
-from flowmq_meta.catalog import STREAM, Destination
+from flowmq_meta.catalog import STREAM
 from flowmq_wire.kafka import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,6 @@ class _Part:
     __slots__ = (
         "batch",
         "count",
-        "dest",
         "error",
         "future",
         "index",
@@ -49,13 +48,10 @@ class _Part:
         "message",
         "offset",
         "records",
-        "topic",
         "verdict",
     )
 
-    def __init__(self, topic: str, dest: Destination | None, index: int, records: Any) -> None:
-        self.topic = topic
-        self.dest = dest
+    def __init__(self, index: int, records: Any) -> None:
         self.index = index
         self.records = records
         self.error: int = ErrorCode.NONE
@@ -94,7 +90,7 @@ def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]],
     for t in req.topic_data:
         name = t.name
         dest = topics.get(name)
-        parts = [_Part(name, dest, pd.index, pd.records) for pd in t.partition_data]
+        parts = [_Part(pd.index, pd.records) for pd in t.partition_data]
         plan.append((name, parts))
         if dest is None:
             error = topics.name_error(name)
@@ -357,7 +353,7 @@ def _response(ctx: RequestContext, plan: list[tuple[str, list[_Part]]]) -> Any:
 def _uniform_error(ctx: RequestContext, req: Any, code: int, message: str) -> Any:
     plan = []
     for t in req.topic_data:
-        parts = [_Part(t.name, None, pd.index, None) for pd in t.partition_data]
+        parts = [_Part(pd.index, None) for pd in t.partition_data]
         for part in parts:
             part.fail(code, message)
         plan.append((t.name, parts))

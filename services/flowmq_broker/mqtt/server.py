@@ -104,6 +104,19 @@ class MqttServer:
         router.register_type(_SubscriptionType(self))
         router.register_type(_SharedType(self))
 
+    @classmethod
+    def for_broker(cls, broker: Any) -> MqttServer:
+        """The adapter factory the broker process calls (see ``PROTOCOL_ADAPTERS``)."""
+        return cls(
+            broker.router,
+            broker.meta,
+            broker.objects,
+            broker.users,
+            node_id=broker.node_id,
+            allow_anonymous=broker.config.allow_anonymous,
+            max_keep_alive=broker.config.mqtt_max_keep_alive,
+        )
+
     # --- life cycle ---------------------------------------------------------------------
     async def start(self, port: int) -> int:
         from flowmq_broker.mqtt.connection import MqttConnection

@@ -68,8 +68,15 @@ DESTINATIONS = Subspace(("dest",))
 # destination name holding it: makes names unique after mapping (DESIGN.md §3 collisions).
 DESTINATION_NAMES = Subspace(("dest_name",))
 
-# (ns, filter, destination) -> route options (JSON); the routing trie is built from this.
+# Subscription routes (DESIGN.md §4: filter -> node).  (node, ns, filter) -> b"": the node
+# has at least one local subscriber on ``filter`` (``$share/<group>/<filter>`` for a shared
+# group).  Written only by that node, cleared by a survivor when it dies.
 ROUTES = Subspace(("route",))
+
+# (node,) -> JSON {"token", "seq"}: the version of the node's routes.  ``token`` is new at
+# every start of the node, ``seq`` counts its route changes: peers compare it with what they
+# applied (anti-entropy) and clear a dead node's routes only if its token is still the same.
+ROUTE_VERSIONS = Subspace(("route_v",))
 
 # (ns, stream, partition, base_offset) -> chunk location (object key, byte range, record
 # count, max timestamp).  base_offset is an int, so a reverse range read from an offset finds
@@ -134,6 +141,7 @@ ALL_SUBSPACES: dict[str, Subspace] = {
     "DESTINATIONS": DESTINATIONS,
     "DESTINATION_NAMES": DESTINATION_NAMES,
     "ROUTES": ROUTES,
+    "ROUTE_VERSIONS": ROUTE_VERSIONS,
     "STREAM_INDEX": STREAM_INDEX,
     "STREAM_HWM": STREAM_HWM,
     "GROUP_OFFSETS": GROUP_OFFSETS,

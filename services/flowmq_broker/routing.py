@@ -41,6 +41,8 @@ class DestinationType(abc.ABC):
 
     name: str
     durable: bool
+    # Delivered to one member cluster-wide (shared subscriptions), not on every node.
+    one_member: bool = False
 
     @abc.abstractmethod
     def accept(self, binding: Binding, message: Message) -> Awaitable[None] | None:
@@ -56,6 +58,8 @@ class Router:
         self._types: dict[str, DestinationType] = {}
         self.version = 0
         self._destinations: dict[Binding, Destination] = {}
+        # Cross-node forwarding (flowmq_broker.cluster.ClusterRouting) once the broker has it.
+        self.cluster: Any = None
 
     def register_type(self, dest_type: DestinationType) -> None:
         self._types[dest_type.name] = dest_type
@@ -119,6 +123,9 @@ class Router:
                     f"topic {message.topic!r} matches {binding.type} {binding.name!r}, "
                     f"but this broker does not serve {binding.type}s yet"
                 )
+        cluster = self.cluster
+        if cluster is not None and cluster.remote:
+            bindings = cluster.forward(namespace, message, bindings)
         for binding in bindings:
             result = self._types[binding.type].accept(binding, message)
             if result is not None:
@@ -128,6 +135,22 @@ class Router:
         if bindings:
             dispatched.inc(len(bindings))
         return bindings, pending
+
+    def is_one_member(self, binding: Binding) -> bool:
+        dest_type = self._types.get(binding.type)
+        return dest_type is not None and dest_type.one_member
+
+    def deliver_forwarded(
+        self, namespace: str, message: Message, plain: bool, groups: list[str]
+    ) -> None:
+        """Deliver a message another broker forwarded: only to memory destinations (it stored
+        the durable ones), all of them if ``plain``, and the shared ``groups`` it picked us for."""
+        for binding in self.match(namespace, message.topic):
+            dest_type = self._types.get(binding.type)
+            if dest_type is None or dest_type.durable:
+                continue
+            if plain if not dest_type.one_member else binding.name in groups:
+                dest_type.accept(binding, message)
 
 
 @functools.cache

@@ -17,6 +17,7 @@ from aiohttp import web
 import flowmq_metrics as metrics
 from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
+from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.nodes import NodeRegistry
 from flowmq_broker.queues import QueueService, install_queues
 from flowmq_broker.routing import CatalogSync, Router
@@ -103,6 +104,7 @@ class Broker:
         self.streams: StreamStore | None = None
         self.maintenance: PeriodicTask | None = None
         self.queues: QueueService | None = None
+        self.cluster: ClusterRouting | None = None
 
     @property
     def mqtt(self) -> MqttServer | None:
@@ -218,6 +220,7 @@ class Broker:
         await self._start_http()
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{self.ports['http']}"
+        await self._start_cluster_links()
         await self._start_gossip()
         for role in cfg.roles:
             if role in PROTOCOL_ADAPTERS:
@@ -280,9 +283,32 @@ class Broker:
             ) from None
         metrics.gossip_cluster_size.set(len(self.gossip.members()))
 
+    async def _start_cluster_links(self) -> None:
+        """Cross-node routing: links to the peers, this node's Subscription routes."""
+        self.cluster = ClusterRouting(self.node_id, self.meta, self.router)
+        self.cluster.member_source = self._live_peers
+        try:
+            self.ports["cluster"] = await self.cluster.start(self.config.cluster_port)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on cluster port {self.config.cluster_port}: {exc.strerror}"
+            ) from None
+        self.router.cluster = self.cluster
+
+    def _live_peers(self) -> list[tuple[str, str, int | None]]:
+        """Live gossip members with the address of their inter-broker link."""
+        if self.gossip is None:
+            return []
+        return [
+            (m.node_id, m.addr[0], m.meta.get("ports", {}).get("cluster"))
+            for m in self.gossip.members()
+        ]
+
     def _member_changed(self, member: Any, old: Any, new: Any) -> None:
         assert self.gossip is not None
         metrics.gossip_cluster_size.set(len(self.gossip.members()))
+        if self.cluster is not None:
+            self.cluster.set_members(self._live_peers())
         if old != new:
             log.info("cluster member %s: %s -> %s", member.node_id, old and old.value, new.value)
 
@@ -319,6 +345,9 @@ class Broker:
                 await adapter.stop()
             except Exception:
                 log.exception("could not stop the %s adapter", role)
+        if self.cluster is not None:
+            self.router.cluster = None
+            await self.cluster.stop()
         if self.maintenance is not None:
             await self.maintenance.stop()
         if self.queues is not None:

@@ -764,14 +764,40 @@ class MqttConnection(asyncio.Protocol):
                 retained_to_send.extend(
                     (m, sub) for m in server.retained.matching(self.namespace, inner)
                 )
-        self.send(Suback(p.packet_id, codes))
         server.update_subscription_gauge()
+        if session.persistent():
+            self._loop.create_task(self._log_failure(server.save_session(session)))
+        cluster = server.router.cluster
+        routed = cluster.routes_published() if cluster is not None else None
+        if routed is None:
+            self._finish_subscribe(p.packet_id, codes, retained_to_send)
+            return
+        # Other brokers forward to us only once they know the new filters: the SUBACK waits
+        # for that, and reading waits with it so that later packets are answered in order.
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+        def routes_out(_: Any) -> None:
+            if self.transport is None:
+                return
+            self._finish_subscribe(p.packet_id, codes, retained_to_send)
+            self.flush()
+            if self not in server.paused:
+                self.transport.resume_reading()
+
+        routed.add_done_callback(routes_out)
+
+    def _finish_subscribe(
+        self,
+        packet_id: int,
+        codes: list[int],
+        retained_to_send: list[tuple[Message, Subscription]],
+    ) -> None:
+        self.send(Suback(packet_id, codes))
         for message, sub in retained_to_send:
             qos = min(message.qos, sub.options.qos)
             ids = [sub.identifier] if sub.identifier else []
             self.send_message(message, qos, True, ids)
-        if session.persistent():
-            self._loop.create_task(self._log_failure(server.save_session(session)))
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session

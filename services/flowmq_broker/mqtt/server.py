@@ -160,24 +160,34 @@ class MqttServer:
         ]
 
     def bind(self, session: Session, sub: Subscription) -> None:
+        cluster = self.router.cluster
         if sub.shared_group is None:
             self.router.bind(
                 Binding(SUBSCRIPTION, session.namespace, session.client_id), sub.topic_filter
             )
+            if cluster is not None:
+                cluster.local_added(session.namespace, sub.topic_filter)
             return
         name = f"$share/{sub.shared_group}/{sub.topic_filter}"
+        if cluster is not None:
+            cluster.local_added(session.namespace, name)
         members = self.shared_groups.setdefault((session.namespace, name), [])
         if session.client_id not in members:
             members.append(session.client_id)
         self.router.bind(Binding(SHARED, session.namespace, name), sub.topic_filter)
 
     def unbind(self, session: Session, sub: Subscription) -> None:
+        cluster = self.router.cluster
         if sub.shared_group is None:
             self.router.unbind(
                 Binding(SUBSCRIPTION, session.namespace, session.client_id), sub.topic_filter
             )
+            if cluster is not None:
+                cluster.local_removed(session.namespace, sub.topic_filter)
             return
         name = f"$share/{sub.shared_group}/{sub.topic_filter}"
+        if cluster is not None:
+            cluster.local_removed(session.namespace, name)
         members = self.shared_groups.get((session.namespace, name), [])
         if session.client_id in members:
             members.remove(session.client_id)
@@ -357,6 +367,7 @@ class _SubscriptionType(DestinationType):
 class _SharedType(DestinationType):
     name = SHARED
     durable = False
+    one_member = True
 
     def __init__(self, server: MqttServer) -> None:
         self.server = server

@@ -1,0 +1,204 @@
+"""Inter-broker links (DESIGN.md §6): one persistent TCP connection per peer, framed, batched.
+
+A frame is one msgpack value; msgpack's streaming unpacker does the framing, so no length
+prefix is needed.  Frames sent during one event-loop iteration go out in one write: a broker
+forwarding a burst of messages to a peer makes one system call, not one per message.
+
+Either end of a connection may send on it.  A broker sends its own traffic on the connection
+it opened to the peer (``Links.send``) and answers requests on the connection they came in on
+(``Link.send``), so a reply never waits for a connection to be opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+log = logging.getLogger(__name__)
+
+Addr = tuple[str, int]
+# Frames queued for a peer that is not (yet) connected; past this they are dropped: links
+# carry Subscription traffic, which is at-most-once by definition (memory push).
+MAX_PENDING_FRAMES = 100_000
+RECONNECT_DELAY_S = 0.2
+MAX_BUFFER_BYTES = 64 * 1024 * 1024
+_HELLO = "hello"
+
+FrameHandler = Callable[["Link", Any], None]
+
+
+class Link(asyncio.Protocol):
+    """One framed connection; ``peer`` is the node id the other end said hello with."""
+
+    def __init__(self, node_id: str, on_frame: FrameHandler, on_lost: Callable[[Link], None]):
+        self.node_id = node_id
+        self.peer = ""
+        self.on_frame = on_frame
+        self.on_lost = on_lost
+        self.transport: asyncio.Transport | None = None
+        self._unpacker = msgpack.Unpacker(raw=False, max_buffer_size=MAX_BUFFER_BYTES)
+        self._packer = msgpack.Packer(use_bin_type=True)
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self.frames_sent = 0
+        self.frames_received = 0
+
+    # --- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.send([_HELLO, self.node_id])
+
+    def data_received(self, data: bytes) -> None:
+        self._unpacker.feed(data)
+        try:
+            for frame in self._unpacker:
+                self.frames_received += 1
+                if isinstance(frame, list) and frame and frame[0] == _HELLO:
+                    self.peer = str(frame[1])
+                    continue
+                self.on_frame(self, frame)
+        except (ValueError, msgpack.UnpackException) as exc:
+            log.warning("bad frame from %s: %s; closing the link", self.peer or "?", exc)
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.on_lost(self)
+
+    # --- sending ----------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def send(self, frame: Any) -> None:
+        self._out.append(self._packer.pack(frame))
+        self.frames_sent += 1
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        out, self._out = self._out, []
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.flush()
+            self.transport.close()
+
+
+class _Peer:
+    """The outbound side towards one node: a link when connected, a bounded backlog until."""
+
+    def __init__(self, addr: Addr) -> None:
+        self.addr = addr
+        self.link: Link | None = None
+        self.backlog: list[Any] = []
+        self.connecting: asyncio.Task[None] | None = None
+        self.dropped = 0
+
+
+class Links:
+    """This broker's links: a listener for peers' connections and one connection per peer."""
+
+    def __init__(self, node_id: str, on_frame: FrameHandler) -> None:
+        self.node_id = node_id
+        self.on_frame = on_frame
+        self._peers: dict[str, _Peer] = {}
+        self._inbound: set[Link] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._closed = False
+
+    async def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._accept, host, port, reuse_address=True)
+        return self._server.sockets[0].getsockname()[1]
+
+    def _accept(self) -> Link:
+        link = Link(self.node_id, self.on_frame, self._inbound.discard)
+        self._inbound.add(link)
+        return link
+
+    async def stop(self) -> None:
+        self._closed = True
+        for peer in self._peers.values():
+            if peer.connecting is not None:
+                peer.connecting.cancel()
+            if peer.link is not None:
+                peer.link.close()
+        for link in list(self._inbound):
+            link.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def set_peer(self, node_id: str, addr: Addr) -> None:
+        """Make ``node_id`` reachable at ``addr`` (a changed address reconnects)."""
+        peer = self._peers.get(node_id)
+        if peer is not None and peer.addr == addr:
+            return
+        self.remove_peer(node_id)
+        self._peers[node_id] = _Peer(addr)
+
+    def remove_peer(self, node_id: str) -> None:
+        peer = self._peers.pop(node_id, None)
+        if peer is None:
+            return
+        if peer.connecting is not None:
+            peer.connecting.cancel()
+        if peer.link is not None:
+            peer.link.close()
+
+    def peers(self) -> list[str]:
+        return list(self._peers)
+
+    def send(self, node_id: str, frame: Any) -> bool:
+        """Queue ``frame`` for ``node_id``; False if the node is unknown or its backlog full."""
+        peer = self._peers.get(node_id)
+        if peer is None:
+            return False
+        link = peer.link
+        if link is not None and link.connected:
+            link.send(frame)
+            return True
+        if len(peer.backlog) >= MAX_PENDING_FRAMES:
+            peer.dropped += 1
+            return False
+        peer.backlog.append(frame)
+        if peer.connecting is None and not self._closed:
+            peer.connecting = asyncio.get_running_loop().create_task(self._connect(node_id, peer))
+        return True
+
+    async def _connect(self, node_id: str, peer: _Peer) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._closed and self._peers.get(node_id) is peer:
+                try:
+                    _, link = await loop.create_connection(
+                        lambda: Link(self.node_id, self.on_frame, lambda _: None), *peer.addr
+                    )
+                except OSError as exc:
+                    log.debug("link to %s at %s: %s", node_id, peer.addr, exc)
+                    await asyncio.sleep(RECONNECT_DELAY_S)
+                    continue
+                link.on_lost = lambda lost, peer=peer: self._lost(peer, lost)
+                peer.link = link
+                backlog, peer.backlog = peer.backlog, []
+                for frame in backlog:
+                    link.send(frame)
+                return
+        finally:
+            peer.connecting = None
+
+    def _lost(self, peer: _Peer, link: Link) -> None:
+        if peer.link is link:
+            peer.link = None
+
+
+__all__ = ["Link", "Links"]

@@ -1,0 +1,461 @@
+"""Cross-node routing of Subscription messages (DESIGN.md §4, §6).
+
+Streams and Queues are stored once in shared storage, so any broker serves them.  Subscribers
+are in some broker's memory: each broker announces the filters it has local subscribers on as
+routes ``(node, namespace, filter)`` in the meta store, pushes every change to its peers over
+the inter-broker links (and waits for them to apply it before a SUBACK goes out), and checks
+every second that it applied every peer's latest version (anti-entropy).
+
+A published message goes to each remote node with a matching route once, whatever the number
+of subscribers there; that node fans it out to its own subscribers.  A shared subscription
+group spread over several nodes gets each message on one of them (round robin over nodes).
+When a node dies, every broker forgets its routes and one survivor clears them from the meta
+store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import json
+import logging
+import secrets
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgpack
+
+import flowmq_metrics as metrics
+from flowmq_cluster.link import Link, Links
+from flowmq_core.message import Message
+from flowmq_core.periodic import PeriodicTask
+from flowmq_core.trie import RouteTrie
+from flowmq_meta import keys
+from flowmq_meta.api import MetaStore
+
+log = logging.getLogger(__name__)
+
+ANTI_ENTROPY_S = 1.0
+# How long a SUBACK waits for peers to apply the new route: a peer that is dead but not yet
+# declared so must not hold subscribers up for longer; anti-entropy repairs what it missed.
+ROUTE_ACK_TIMEOUT_S = 1.0
+SHARE_PREFIX = "$share/"
+
+RemoteRoute = tuple[str, str | None]  # (node, shared group route filter or None)
+FrameHandler = Callable[[Link, list[Any]], None]
+
+
+def encode_message(message: Message) -> bytes:
+    return msgpack.packb(
+        [
+            message.topic,
+            message.payload,
+            message.qos,
+            message.retain,
+            message.headers,
+            message.timestamp_ms,
+            message.key,
+            message.content_type,
+            message.expiry_ms,
+            message.source_protocol,
+            message.properties,
+        ],
+        use_bin_type=True,
+        default=str,  # a property no peer can rebuild still arrives, as text
+    )
+
+
+def decode_message(data: bytes) -> Message:
+    (topic, payload, qos, retain, headers, ts, key, ctype, expiry, source, props) = msgpack.unpackb(
+        data, raw=False
+    )
+    return Message(
+        topic,
+        payload,
+        qos,
+        retain,
+        [(name, value) for name, value in headers],
+        ts,
+        key,
+        ctype,
+        expiry,
+        source,
+        props,
+    )
+
+
+@functools.cache
+def _forwarded(namespace: str) -> Any:
+    return metrics.broker_messages_forwarded_count.labels(namespace)
+
+
+def _route_parts(route_filter: str) -> tuple[str, str | None]:
+    """The trie filter of a route and its shared group name (the route filter itself)."""
+    if route_filter.startswith(SHARE_PREFIX):
+        return route_filter.split("/", 2)[2], route_filter
+    return route_filter, None
+
+
+class ClusterRouting:
+    """This broker's side of cross-node routing; the Router calls ``forward`` on publish."""
+
+    def __init__(self, node_id: str, meta: MetaStore, router: Any) -> None:
+        self.node_id = node_id
+        self.meta = meta
+        self.router = router
+        self.links = Links(node_id, self._on_frame)
+        self.handlers: dict[str, FrameHandler] = {
+            "route": self._on_route,
+            "route_ack": self._on_route_ack,
+            "fwd": self._on_forward,
+        }
+        self.token = secrets.token_hex(8)
+        # local routes: reference counts of (namespace, route filter), changes not yet out
+        self._local: dict[tuple[str, str], int] = {}
+        self._dirty: dict[tuple[str, str], bool] = {}
+        self._seq = 0
+        self._publishing: asyncio.Task[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+        self._acks: dict[int, tuple[set[str], asyncio.Future[None]]] = {}
+        self._requests = itertools.count(1)
+        # remote routes: per namespace a trie of (node, group), and what each node announced
+        self.remote: dict[str, RouteTrie[RemoteRoute]] = {}
+        self._node_routes: dict[str, set[tuple[str, str]]] = {}
+        self._applied: dict[str, tuple[str, int]] = {}  # node -> (token, seq)
+        self._reloading: dict[str, asyncio.Task[None]] = {}
+        self._live: dict[str, tuple[str, int]] = {}  # node -> link address
+        self._turn = itertools.count()
+        self._poll = PeriodicTask("route-anti-entropy", ANTI_ENTROPY_S, self.anti_entropy)
+        # Where the live peers come from (gossip); anti-entropy re-reads it every second.
+        self.member_source: Callable[[], Iterable[tuple[str, str, int | None]]] | None = None
+
+    # --- life cycle ---------------------------------------------------------------------------
+    async def start(self, port: int) -> int:
+        """Listen for peers and start this node's routes afresh (a restart's old ones go)."""
+        bound = await self.links.start(port=port)
+        begin, end = keys.ROUTES.range(self.node_id)
+        version_key = keys.ROUTE_VERSIONS.pack(self.node_id)
+
+        def reset(tr: Any) -> None:
+            tr.clear_range(begin, end)
+            tr.set(version_key, json.dumps({"token": self.token, "seq": 0}).encode())
+
+        await self.meta.transact(reset)
+        await self.anti_entropy()
+        self._poll.start()
+        return bound
+
+    async def stop(self) -> None:
+        """Leave: take this node's routes out of the meta store so nobody forwards here."""
+        await self._poll.stop()
+        if self._publishing is not None:
+            self._publishing.cancel()
+        try:
+            await self._clear_node(self.node_id, self.token)
+        except Exception:
+            log.exception("could not remove this node's routes")
+        await self.links.stop()
+
+    # --- membership -----------------------------------------------------------------------
+    def set_members(self, members: Iterable[tuple[str, str, int | None]]) -> None:
+        """The live peers as ``(node, host, link port)``: links follow, the dead are dropped."""
+        live = {node: (host, port) for node, host, port in members if port and node != self.node_id}
+        for node in list(self._live):
+            if node not in live:
+                self.node_gone(node)
+        for node, addr in live.items():
+            if node not in self._live:
+                self._reload_soon(node)
+            self.links.set_peer(node, addr)
+        self._live = live
+
+    def node_gone(self, node: str) -> None:
+        """``node`` died or left: stop routing to it; the lowest live node clears its routes."""
+        self._live.pop(node, None)
+        self.links.remove_peer(node)
+        self._set_node_routes(node, set())
+        applied = self._applied.pop(node, None)
+        for _, (waiting, done) in list(self._acks.items()):
+            waiting.discard(node)
+            if not waiting and not done.done():
+                done.set_result(None)
+        if applied is not None and min([self.node_id, *self._live]) == self.node_id:
+            token = applied[0]
+            asyncio.get_running_loop().create_task(self._clear_dead(node, token))
+
+    async def _clear_dead(self, node: str, token: str) -> None:
+        try:
+            if await self._clear_node(node, token):
+                log.info("removed the subscription routes of dead node %s", node)
+        except Exception:
+            log.exception("could not remove the routes of dead node %s", node)
+
+    async def _clear_node(self, node: str, token: str) -> bool:
+        """Clear ``node``'s routes if they are still those of its start ``token`` (a node that
+        restarted meanwhile has written new ones)."""
+        begin, end = keys.ROUTES.range(node)
+        version_key = keys.ROUTE_VERSIONS.pack(node)
+
+        def clear(tr: Any) -> bool:
+            raw = tr.get(version_key)
+            if raw is None or json.loads(raw)["token"] != token:
+                return False
+            tr.clear_range(begin, end)
+            tr.clear(version_key)
+            return True
+
+        return await self.meta.transact(clear)
+
+    # --- local routes ------------------------------------------------------------------------
+    def local_added(self, namespace: str, route_filter: str) -> None:
+        key = (namespace, route_filter)
+        count = self._local.get(key, 0)
+        self._local[key] = count + 1
+        if count == 0:
+            self._changed(key, True)
+
+    def local_removed(self, namespace: str, route_filter: str) -> None:
+        key = (namespace, route_filter)
+        count = self._local.get(key, 0)
+        if count <= 1:
+            self._local.pop(key, None)
+            if count == 1:
+                self._changed(key, False)
+        else:
+            self._local[key] = count - 1
+
+    def _changed(self, key: tuple[str, str], present: bool) -> None:
+        self._dirty[key] = present
+        if self._publishing is None:
+            self._publishing = asyncio.get_running_loop().create_task(self._publish_routes())
+
+    def routes_published(self) -> asyncio.Future[None] | None:
+        """A future done once the route changes made so far are out (None: nothing pending,
+        or no peer to tell)."""
+        if self._publishing is None or not self._live:
+            return None
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    async def _publish_routes(self) -> None:
+        try:
+            while self._dirty:
+                dirty, self._dirty = self._dirty, {}
+                waiters, self._waiters = self._waiters, []
+                try:
+                    await self._publish_batch(dirty)
+                except Exception:
+                    # The meta store is unreachable: keep the changes for the next attempt.
+                    log.exception("could not publish subscription routes; retrying")
+                    self._dirty = {**dirty, **self._dirty}
+                    self._waiters = waiters + self._waiters
+                    await asyncio.sleep(ANTI_ENTROPY_S)
+                    continue
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+        finally:
+            self._publishing = None
+            for waiter in self._waiters:  # cancelled (stop): release whoever waits
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._waiters = []
+
+    async def _publish_batch(self, dirty: dict[tuple[str, str], bool]) -> None:
+        seq = self._seq + 1
+        version_key = keys.ROUTE_VERSIONS.pack(self.node_id)
+        version = json.dumps({"token": self.token, "seq": seq}).encode()
+
+        def write(tr: Any) -> None:
+            for (namespace, route_filter), present in dirty.items():
+                key = keys.ROUTES.pack(self.node_id, namespace, route_filter)
+                if present:
+                    tr.set(key, b"")
+                else:
+                    tr.clear(key)
+            tr.set(version_key, version)
+
+        await self.meta.transact(write)
+        self._seq = seq
+        added = [list(k) for k, present in dirty.items() if present]
+        removed = [list(k) for k, present in dirty.items() if not present]
+        request = next(self._requests)
+        waiting = {
+            node
+            for node in self._live
+            if self.links.send(
+                node, ["route", self.node_id, self.token, seq, added, removed, request]
+            )
+        }
+        if not waiting:
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._acks[request] = (waiting, done)
+        try:
+            await asyncio.wait_for(done, ROUTE_ACK_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("peers %s did not confirm route update %d in time", sorted(waiting), seq)
+        finally:
+            self._acks.pop(request, None)
+
+    # --- remote routes ----------------------------------------------------------------------
+    def _set_node_routes(self, node: str, routes: set[tuple[str, str]]) -> None:
+        old = self._node_routes.get(node, set())
+        for namespace, route_filter in old - routes:
+            self._unbind_remote(node, namespace, route_filter)
+        for namespace, route_filter in routes - old:
+            self._bind_remote(node, namespace, route_filter)
+        if routes:
+            self._node_routes[node] = routes
+        else:
+            self._node_routes.pop(node, None)
+
+    def _bind_remote(self, node: str, namespace: str, route_filter: str) -> None:
+        trie = self.remote.get(namespace)
+        if trie is None:
+            trie = self.remote[namespace] = RouteTrie()
+        topic_filter, group = _route_parts(route_filter)
+        trie.add(topic_filter, (node, group))
+
+    def _unbind_remote(self, node: str, namespace: str, route_filter: str) -> None:
+        trie = self.remote.get(namespace)
+        if trie is None:
+            return
+        topic_filter, group = _route_parts(route_filter)
+        trie.remove(topic_filter, (node, group))
+        if not len(trie):
+            del self.remote[namespace]
+
+    def _on_route(self, link: Link, frame: list[Any]) -> None:
+        _, node, token, seq, added, removed, request = frame
+        applied = self._applied.get(node)
+        if node in self._live and applied == (token, seq - 1):
+            routes = set(self._node_routes.get(node, set()))
+            routes.difference_update(tuple(k) for k in removed)
+            routes.update(tuple(k) for k in added)
+            self._set_node_routes(node, routes)
+            self._applied[node] = (token, seq)
+            link.send(["route_ack", request])
+            return
+        # A gap (or a node we only just heard of): read its whole route set, then confirm.
+        task = self._reload_soon(node)
+        task.add_done_callback(lambda _: link.connected and link.send(["route_ack", request]))
+
+    def _on_route_ack(self, link: Link, frame: list[Any]) -> None:
+        entry = self._acks.get(frame[1])
+        if entry is None:
+            return
+        waiting, done = entry
+        waiting.discard(link.peer)
+        if not waiting and not done.done():
+            done.set_result(None)
+
+    def _reload_soon(self, node: str) -> asyncio.Task[None]:
+        task = self._reloading.get(node)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._reload(node))
+            self._reloading[node] = task
+            task.add_done_callback(lambda _: self._reloading.pop(node, None))
+        return task
+
+    async def _reload(self, node: str) -> None:
+        begin, end = keys.ROUTES.range(node)
+        version_key = keys.ROUTE_VERSIONS.pack(node)
+
+        def read(tr: Any) -> tuple[bytes | None, list[tuple[bytes, bytes]]]:
+            return tr.get(version_key), tr.get_range(begin, end)
+
+        try:
+            raw, rows = await self.meta.transact(read)
+        except Exception:
+            log.exception("could not read the routes of %s", node)
+            return
+        if node not in self._live:
+            return
+        routes = {tuple(keys.ROUTES.unpack(key)[1:]) for key, _ in rows}
+        self._set_node_routes(node, routes)  # type: ignore[arg-type]
+        if raw is not None:
+            version = json.loads(raw)
+            self._applied[node] = (version["token"], version["seq"])
+
+    async def anti_entropy(self) -> None:
+        """Compare every live peer's route version with the applied one; reload what moved."""
+        if self.member_source is not None:
+            self.set_members(self.member_source())
+        begin, end = keys.ROUTE_VERSIONS.range()
+        rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
+        missed = 0
+        for key, raw in rows:
+            (node,) = keys.ROUTE_VERSIONS.unpack(key)
+            if node == self.node_id or node not in self._live:
+                continue
+            version = json.loads(raw)
+            applied = self._applied.get(node)
+            if applied != (version["token"], version["seq"]):
+                behind = applied[1] if applied and applied[0] == version["token"] else 0
+                missed += max(1, version["seq"] - behind)
+                await self._reload_soon(node)
+        if missed:
+            metrics.anti_entropy_missing_events_detected_count.inc(missed)
+
+    # --- forwarding ---------------------------------------------------------------------------
+    def forward(self, namespace: str, message: Message, bindings: frozenset[Any]) -> frozenset[Any]:
+        """Send ``message`` once to every remote node with a matching route; return the local
+        bindings still to deliver (a shared group may have picked a remote member)."""
+        trie = self.remote.get(namespace)
+        if trie is None:
+            return bindings
+        remote = trie.match(message.topic)
+        if not remote:
+            return bindings
+        plain: set[str] = set()
+        groups: dict[str, list[str]] = {}
+        for node, group in remote:
+            if group is None:
+                plain.add(node)
+            else:
+                groups.setdefault(group, []).append(node)
+        picked: dict[str, list[str]] = {}
+        if groups:
+            local_groups = {b.name: b for b in bindings if self.router.is_one_member(b)}
+            kept = set(bindings)
+            for group, nodes in groups.items():
+                candidates = sorted(nodes)
+                if group in local_groups:
+                    candidates.append(self.node_id)
+                chosen = candidates[next(self._turn) % len(candidates)]
+                if chosen != self.node_id:
+                    picked.setdefault(chosen, []).append(group)
+                    kept.discard(local_groups.get(group))
+            bindings = frozenset(kept)
+        data = encode_message(message)
+        sent = 0
+        for node in plain | picked.keys():
+            if self.links.send(node, ["fwd", namespace, data, node in plain, picked.get(node, [])]):
+                sent += 1
+        if sent:
+            _forwarded(namespace).inc(sent)
+        return bindings
+
+    def _on_forward(self, link: Link, frame: list[Any]) -> None:
+        _, namespace, data, plain, groups = frame
+        self.router.deliver_forwarded(namespace, decode_message(data), plain, groups)
+
+    def broadcast(self, frame: list[Any]) -> int:
+        """Send ``frame`` to every live peer; returns how many it was queued for."""
+        return sum(1 for node in self._live if self.links.send(node, frame))
+
+    def _on_frame(self, link: Link, frame: Any) -> None:
+        handler = self.handlers.get(frame[0]) if isinstance(frame, list) and frame else None
+        if handler is None:
+            log.warning("unknown frame from %s: %r", link.peer or "?", str(frame)[:80])
+            return
+        try:
+            handler(link, frame)
+        except Exception:
+            log.exception("frame %r from %s failed", frame[0], link.peer)
+
+
+__all__ = ["ClusterRouting", "decode_message", "encode_message"]

@@ -41,6 +41,8 @@ class AdminBackend(Protocol):
 
     def subscriptions(self) -> list[dict[str, Any]]: ...
 
+    def subscriber_nodes(self, namespace: str, topic: str) -> list[str]: ...
+
     async def nodes(self) -> list[dict[str, Any]]: ...
 
     async def metadata_changed(self) -> None:
@@ -255,6 +257,7 @@ async def test_route(request: web.Request, backend: AdminBackend) -> Any:
         "namespace": namespace,
         "topic": topic,
         "destinations": _destination_refs(backend.route(namespace, topic)),
+        "subscriber_nodes": backend.subscriber_nodes(namespace, topic),
     }
 
 

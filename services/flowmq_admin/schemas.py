@@ -209,6 +209,12 @@ ROUTE_RESULT: Schema = {
                 "required": ["type", "name"],
             },
         },
+        "subscriber_nodes": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Broker nodes with Subscriptions (memory push) on the topic: this "
+            "one and those it would forward the message to",
+        },
     },
     "required": ["topic", "destinations"],
 }
@@ -220,6 +226,7 @@ NODE: Schema = {
         "status": {"type": "string", "enum": ["up", "down"]},
         "gossip": {"type": "string", "enum": ["alive", "suspect", "dead", "left"]},
         "self": {"type": "boolean"},
+        "host": {"type": "string", "description": "Address other brokers reach it at"},
         "roles": {"type": "array", "items": {"type": "string"}},
         "ports": {"type": "object"},
         "started_at_ms": {"type": "integer"},

@@ -439,6 +439,11 @@ class ClusterRouting:
             _forwarded(namespace).inc(sent)
         return bindings
 
+    def nodes_matching(self, namespace: str, topic: str) -> set[str]:
+        """The remote nodes with a route matching ``topic``."""
+        trie = self.remote.get(namespace)
+        return {node for node, _ in trie.match(topic)} if trie is not None else set()
+
     def _on_forward(self, link: Link, frame: list[Any]) -> None:
         _, namespace, data, plain, groups = frame
         self.router.deliver_forwarded(namespace, decode_message(data), plain, groups)

@@ -136,6 +136,10 @@ class Router:
             dispatched.inc(len(bindings))
         return bindings, pending
 
+    def is_durable(self, binding: Binding) -> bool:
+        dest_type = self._types.get(binding.type)
+        return dest_type is not None and dest_type.durable
+
     def is_one_member(self, binding: Binding) -> bool:
         dest_type = self._types.get(binding.type)
         return dest_type is not None and dest_type.one_member

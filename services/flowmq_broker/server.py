@@ -127,6 +127,11 @@ class Broker:
             await asyncio.gather(*pending)
         return self._destinations(bindings)
 
+    def subscriber_nodes(self, namespace: str, topic: str) -> list[str]:
+        local = any(not self.router.is_durable(b) for b in self.router.match(namespace, topic))
+        remote = self.cluster.nodes_matching(namespace, topic) if self.cluster else set()
+        return sorted({self.node_id} | remote if local else remote)
+
     def subscriptions(self) -> list[dict[str, Any]]:
         return self.mqtt.subscriptions_view() if self.mqtt is not None else []
 
@@ -140,12 +145,13 @@ class Broker:
         for node in nodes:
             member = members.pop(node["node_id"], None)
             if member is not None:
-                node.update(_liveness(member))
+                node.update(_liveness(member), host=member.addr[0])
         for member in members.values():  # gossip knows it, the node table not (yet)
             nodes.append(
                 {
                     "node_id": member.node_id,
                     **_liveness(member),
+                    "host": member.addr[0],
                     "roles": member.meta.get("roles", []),
                     "self": False,
                 }

@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from flowmq_broker.launcher import add_cluster_parser, cluster_command
 from flowmq_broker.runtime import tune_interpreter
 from flowmq_broker.server import Broker, StartupError
 from flowmq_core.config import ALL_ROLES, BrokerConfig, ConfigError, load_config
@@ -134,7 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _user_parser(sub)
+    add_cluster_parser(sub)
     args = parser.parse_args(argv)
+
+    if args.command == "cluster":
+        return cluster_command(args)
 
     if args.command == "user":
         flags = {"data_dir": args.data_dir, "meta": args.meta}

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import itertools
 import json
 import logging
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import msgpack
@@ -44,6 +45,26 @@ SHARE_PREFIX = "$share/"
 
 RemoteRoute = tuple[str, str | None]  # (node, shared group route filter or None)
 FrameHandler = Callable[[Link, list[Any]], None]
+RequestHandler = Callable[[list[Any]], Any]
+
+
+class _Request:
+    """Replies awaited from peers for one request."""
+
+    def __init__(self, peers: set[str]) -> None:
+        self.waiting = peers
+        self.replies: list[Any] = []
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def answered(self, peer: str, value: Any) -> None:
+        if peer in self.waiting:
+            self.waiting.discard(peer)
+            self.replies.append(value)
+        self.check()
+
+    def check(self) -> None:
+        if not self.waiting and not self.done.done():
+            self.done.set_result(None)
 
 
 def encode_message(message: Message) -> bytes:
@@ -105,11 +126,10 @@ class ClusterRouting:
         self.meta = meta
         self.router = router
         self.links = Links(node_id, self._on_frame)
-        self.handlers: dict[str, FrameHandler] = {
-            "route": self._on_route,
-            "route_ack": self._on_route_ack,
-            "fwd": self._on_forward,
-        }
+        # one-way frames [kind, …] and requests [kind, request id, …] answered by
+        # ["reply", request id, value]; a request handler may return an awaitable
+        self.handlers: dict[str, FrameHandler] = {"fwd": self._on_forward, "reply": self._on_reply}
+        self.requests: dict[str, RequestHandler] = {"route": self._on_route}
         self.token = secrets.token_hex(8)
         # local routes: reference counts of (namespace, route filter), changes not yet out
         self._local: dict[tuple[str, str], int] = {}
@@ -117,7 +137,7 @@ class ClusterRouting:
         self._seq = 0
         self._publishing: asyncio.Task[None] | None = None
         self._waiters: list[asyncio.Future[None]] = []
-        self._acks: dict[int, tuple[set[str], asyncio.Future[None]]] = {}
+        self._pending: dict[int, _Request] = {}
         self._requests = itertools.count(1)
         # remote routes: per namespace a trie of (node, group), and what each node announced
         self.remote: dict[str, RouteTrie[RemoteRoute]] = {}
@@ -127,6 +147,8 @@ class ClusterRouting:
         self._live: dict[str, tuple[str, int]] = {}  # node -> link address
         self._turn = itertools.count()
         self._poll = PeriodicTask("route-anti-entropy", ANTI_ENTROPY_S, self.anti_entropy)
+        # What else the survivor that cleans up after a dead node takes over (MQTT sessions).
+        self.on_node_dead: list[Callable[[str], Awaitable[Any]]] = []
         # Where the live peers come from (gossip); anti-entropy re-reads it every second.
         self.member_source: Callable[[], Iterable[tuple[str, str, int | None]]] | None = None
 
@@ -176,20 +198,22 @@ class ClusterRouting:
         self.links.remove_peer(node)
         self._set_node_routes(node, set())
         applied = self._applied.pop(node, None)
-        for _, (waiting, done) in list(self._acks.items()):
-            waiting.discard(node)
-            if not waiting and not done.done():
-                done.set_result(None)
+        for request in list(self._pending.values()):
+            request.waiting.discard(node)
+            request.check()
         if applied is not None and min([self.node_id, *self._live]) == self.node_id:
             token = applied[0]
             asyncio.get_running_loop().create_task(self._clear_dead(node, token))
 
     async def _clear_dead(self, node: str, token: str) -> None:
         try:
-            if await self._clear_node(node, token):
-                log.info("removed the subscription routes of dead node %s", node)
+            if not await self._clear_node(node, token):
+                return  # it restarted meanwhile and owns its routes again
+            log.info("removed the subscription routes of dead node %s", node)
+            for adopt in self.on_node_dead:
+                await adopt(node)
         except Exception:
-            log.exception("could not remove the routes of dead node %s", node)
+            log.exception("could not take over from dead node %s", node)
 
     async def _clear_node(self, node: str, token: str) -> bool:
         """Clear ``node``'s routes if they are still those of its start ``token`` (a node that
@@ -281,24 +305,33 @@ class ClusterRouting:
         self._seq = seq
         added = [list(k) for k, present in dirty.items() if present]
         removed = [list(k) for k, present in dirty.items() if not present]
-        request = next(self._requests)
-        waiting = {
-            node
-            for node in self._live
-            if self.links.send(
-                node, ["route", self.node_id, self.token, seq, added, removed, request]
-            )
-        }
-        if not waiting:
-            return
-        done = asyncio.get_running_loop().create_future()
-        self._acks[request] = (waiting, done)
+        await self.request_all(
+            ["route", self.node_id, self.token, seq, added, removed], ROUTE_ACK_TIMEOUT_S
+        )
+
+    async def request_all(self, frame: list[Any], timeout: float) -> list[Any]:
+        """Send request ``frame`` ([kind, args…]) to every live peer; the replies that came
+        within ``timeout`` (a peer that dies meanwhile is not waited for)."""
+        request_id = next(self._requests)
+        kind, *args = frame
+        request = _Request(
+            {node for node in self._live if self.links.send(node, [kind, request_id, *args])}
+        )
+        if not request.waiting:
+            return []
+        self._pending[request_id] = request
         try:
-            await asyncio.wait_for(done, ROUTE_ACK_TIMEOUT_S)
+            await asyncio.wait_for(asyncio.shield(request.done), timeout)
         except TimeoutError:
-            log.warning("peers %s did not confirm route update %d in time", sorted(waiting), seq)
+            log.warning("peers %s did not answer %s in time", sorted(request.waiting), kind)
         finally:
-            self._acks.pop(request, None)
+            self._pending.pop(request_id, None)
+        return request.replies
+
+    def _on_reply(self, link: Link, frame: list[Any]) -> None:
+        request = self._pending.get(frame[1])
+        if request is not None:
+            request.answered(link.peer, frame[2])
 
     # --- remote routes ----------------------------------------------------------------------
     def _set_node_routes(self, node: str, routes: set[tuple[str, str]]) -> None:
@@ -328,8 +361,8 @@ class ClusterRouting:
         if not len(trie):
             del self.remote[namespace]
 
-    def _on_route(self, link: Link, frame: list[Any]) -> None:
-        _, node, token, seq, added, removed, request = frame
+    def _on_route(self, args: list[Any]) -> Any:
+        node, token, seq, added, removed = args
         applied = self._applied.get(node)
         if node in self._live and applied == (token, seq - 1):
             routes = set(self._node_routes.get(node, set()))
@@ -337,20 +370,9 @@ class ClusterRouting:
             routes.update(tuple(k) for k in added)
             self._set_node_routes(node, routes)
             self._applied[node] = (token, seq)
-            link.send(["route_ack", request])
-            return
+            return True
         # A gap (or a node we only just heard of): read its whole route set, then confirm.
-        task = self._reload_soon(node)
-        task.add_done_callback(lambda _: link.connected and link.send(["route_ack", request]))
-
-    def _on_route_ack(self, link: Link, frame: list[Any]) -> None:
-        entry = self._acks.get(frame[1])
-        if entry is None:
-            return
-        waiting, done = entry
-        waiting.discard(link.peer)
-        if not waiting and not done.done():
-            done.set_result(None)
+        return self._reload_soon(node)
 
     def _reload_soon(self, node: str) -> asyncio.Task[None]:
         task = self._reloading.get(node)
@@ -448,19 +470,44 @@ class ClusterRouting:
         _, namespace, data, plain, groups = frame
         self.router.deliver_forwarded(namespace, decode_message(data), plain, groups)
 
+    @property
+    def has_peers(self) -> bool:
+        return bool(self._live)
+
     def broadcast(self, frame: list[Any]) -> int:
         """Send ``frame`` to every live peer; returns how many it was queued for."""
         return sum(1 for node in self._live if self.links.send(node, frame))
 
     def _on_frame(self, link: Link, frame: Any) -> None:
-        handler = self.handlers.get(frame[0]) if isinstance(frame, list) and frame else None
-        if handler is None:
-            log.warning("unknown frame from %s: %r", link.peer or "?", str(frame)[:80])
-            return
+        kind = frame[0] if isinstance(frame, list) and frame else None
         try:
-            handler(link, frame)
+            handler = self.handlers.get(kind)  # type: ignore[arg-type]
+            if handler is not None:
+                handler(link, frame)
+                return
+            answer = self.requests.get(kind)  # type: ignore[arg-type]
+            if answer is None:
+                log.warning("unknown frame from %s: %r", link.peer or "?", str(frame)[:80])
+                return
+            self._answer(link, frame[1], answer(frame[2:]))
         except Exception:
-            log.exception("frame %r from %s failed", frame[0], link.peer)
+            log.exception("frame %r from %s failed", kind, link.peer)
+
+    def _answer(self, link: Link, request_id: int, value: Any) -> None:
+        if not inspect.isawaitable(value):
+            link.send(["reply", request_id, value])
+            return
+
+        async def answer_later() -> None:
+            try:
+                result = await value
+            except Exception:
+                log.exception("request from %s failed", link.peer)
+                result = None
+            if link.connected:
+                link.send(["reply", request_id, result])
+
+        asyncio.get_running_loop().create_task(answer_later())
 
 
 __all__ = ["ClusterRouting", "decode_message", "encode_message"]

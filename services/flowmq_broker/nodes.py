@@ -47,14 +47,21 @@ class NodeRegistry:
         await self.store.transact(lambda tr: tr.clear(key))
 
     async def list(self) -> list[dict[str, Any]]:
-        begin, end = keys.NODES.range()
-        rows = await self.store.transact(lambda tr: tr.get_range(begin, end))
-        now_ms = time.time() * 1000
-        nodes = []
-        for _, raw in rows:
-            node = json.loads(raw)
-            alive = now_ms - node["heartbeat_ms"] <= STALE_AFTER_S * 1000
-            node["status"] = "up" if alive else "down"
+        nodes = await read_node_table(self.store)
+        for node in nodes:
             node["self"] = node["node_id"] == self.node_id
-            nodes.append(node)
         return nodes
+
+
+async def read_node_table(store: MetaStore) -> list[dict[str, Any]]:
+    """Every node entry, with ``status`` up or down by the age of its heartbeat."""
+    begin, end = keys.NODES.range()
+    rows = await store.transact(lambda tr: tr.get_range(begin, end))
+    now_ms = time.time() * 1000
+    nodes = []
+    for _, raw in rows:
+        node = json.loads(raw)
+        alive = now_ms - node["heartbeat_ms"] <= STALE_AFTER_S * 1000
+        node["status"] = "up" if alive else "down"
+        nodes.append(node)
+    return nodes

@@ -62,6 +62,7 @@ class MqttConnection(asyncio.Protocol):
         self.level = 4
         self.session: Session | None = None
         self.client_id = ""
+        self._held: list[Any] | None = None  # packets read while CONNECT awaits the cluster
         self.username: str | None = None
         self.closing = False
         self.will: Any = None
@@ -125,6 +126,9 @@ class MqttConnection(asyncio.Protocol):
         for packet in packets:
             if self.closing:
                 return
+            if self._held is not None:  # CONNECT is waiting for another node
+                self._held.append(packet)
+                continue
             self._handle(packet)
 
     def write(self, data: bytes) -> None:
@@ -346,6 +350,38 @@ class MqttConnection(asyncio.Protocol):
             expiry = 0 if p.clean_start else NEVER_EXPIRES
 
         server = self.server
+        key = (self.namespace, client_id)
+        cluster = server.router.cluster
+        if cluster is not None and cluster.has_peers:
+            if not p.clean_start and key not in server.sessions:
+                # The session may be on another node, or have outlived a dead one: take it
+                # over first.  Packets the client sends meanwhile wait their turn.
+                self._held = []
+                self._loop.create_task(self._connect_across_cluster(p, expiry, assigned))
+                return
+            server.kick(self.namespace, client_id)
+        self._attach_session(p, expiry, assigned)
+
+    async def _connect_across_cluster(self, p: Connect, expiry: int, assigned: str | None) -> None:
+        try:
+            await self.server.fetch_session(self.namespace, self.client_id)
+        except Exception:
+            log.exception("mqtt %s: could not take the session over", self.client_id)
+        held, self._held = self._held or [], None
+        if self.closing:
+            return
+        self._attach_session(p, expiry, assigned)
+        for packet in held:
+            if self.closing:
+                break
+            self._handle(packet)
+        self.server.flush_dirty()
+
+    def _attach_session(self, p: Connect, expiry: int, assigned: str | None) -> None:
+        """CONNECT, second half: the session is here (or nowhere): take it, send CONNACK."""
+        server = self.server
+        client_id = self.client_id
+        v5 = self.level == 5
         key = (self.namespace, client_id)
         existing = server.sessions.get(key)
         if existing is not None and existing.connection is not None:

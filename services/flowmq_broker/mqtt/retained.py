@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from flowmq_core.message import Message
@@ -66,6 +67,8 @@ class RetainedStore:
         self.meta = meta
         self.objects = objects
         self._cache: dict[tuple[str, str], Message] = {}
+        # Told of every change made here (the broker tells the other nodes: DESIGN.md §6).
+        self.on_change: Callable[[str, Message], None] | None = None
 
     async def load(self) -> None:
         begin, end = keys.RETAINED.range()
@@ -83,6 +86,8 @@ class RetainedStore:
     async def set(self, namespace: str, message: Message) -> None:
         """Retain ``message`` (an empty payload clears the topic, as MQTT says)."""
         key = retained_key(namespace, message.topic)
+        if self.on_change is not None:
+            self.on_change(namespace, message)
         if not message.payload:
             self._cache.pop((namespace, message.topic), None)
             await self._clear(key)
@@ -98,6 +103,13 @@ class RetainedStore:
         self._cache[(namespace, message.topic)] = dataclasses.replace(message, retain=True)
         old = await self.meta.transact(lambda tr: _swap(tr, key, value))
         await self._delete_unreferenced(old, record.get("object"))
+
+    def remember(self, namespace: str, message: Message) -> None:
+        """Cache a change another node made (and stored)."""
+        if message.payload:
+            self._cache[(namespace, message.topic)] = dataclasses.replace(message, retain=True)
+        else:
+            self._cache.pop((namespace, message.topic), None)
 
     async def _clear(self, key: bytes) -> None:
         old = await self.meta.transact(lambda tr: _swap(tr, key, None))

@@ -16,8 +16,10 @@ import time
 from typing import Any, NamedTuple
 
 import flowmq_metrics as metrics
+from flowmq_broker.cluster import decode_message, encode_message
 from flowmq_broker.mqtt.retained import RetainedStore
 from flowmq_broker.mqtt.session import NEVER_EXPIRES, Session, Subscription
+from flowmq_broker.nodes import read_node_table
 from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_core.message import Message
 from flowmq_core.topics import matches
@@ -25,7 +27,6 @@ from flowmq_meta import keys
 from flowmq_meta.api import MetaStore
 from flowmq_meta.users import UserDirectory
 from flowmq_objstore.api import ObjectStore
-from flowmq_wire.mqtt.packets import SubscriptionOptions
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ SHARED = "shared"
 # it is below RESUME_BELOW: bounded memory without dropping acknowledged messages.
 PAUSE_ABOVE = 1000
 RESUME_BELOW = 500
+# How long a reconnecting client waits for other nodes to hand over its session.
+TAKEOVER_TIMEOUT_S = 1.0
 
 
 class MqttMetrics(NamedTuple):
@@ -123,6 +126,12 @@ class MqttServer:
 
         await self.retained.load()
         await self.restore_sessions()
+        cluster = self.router.cluster
+        if cluster is not None:
+            cluster.requests["mqtt.takeover"] = self._on_takeover
+            cluster.handlers["mqtt.retain"] = self._on_retained
+            self.retained.on_change = self._retained_changed
+            cluster.on_node_dead.append(self.restore_sessions)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: MqttConnection(self), "0.0.0.0", port, reuse_address=True, backlog=1024
@@ -195,7 +204,9 @@ class MqttServer:
             self.shared_groups.pop((session.namespace, name), None)
             self.router.unbind(Binding(SHARED, session.namespace, name), sub.topic_filter)
 
-    def discard_session(self, session: Session) -> None:
+    def discard_session(self, session: Session, *, forget: bool = True) -> None:
+        """End ``session`` here; ``forget`` also deletes its stored record (not when another
+        node took it over: the record is that node's now)."""
         session.connection = None
         self.relieve(session)
         for sub in list(session.subscriptions.values()):
@@ -207,43 +218,103 @@ class MqttServer:
         if session.expiry_handle is not None:
             session.expiry_handle.cancel()
         self.update_subscription_gauge()
-        asyncio.get_running_loop().create_task(self.forget_session(session))
+        if forget:
+            asyncio.get_running_loop().create_task(self.forget_session(session))
 
-    async def restore_sessions(self) -> None:
-        """Bring back persistent sessions (offline, subscriptions bound) after a restart.
+    async def restore_sessions(self, dead: str | None = None) -> int:
+        """Bring back persistent sessions, offline, subscriptions bound: at start, this
+        node's and those of nodes no longer running; when a survivor adopts a dead node's
+        sessions, those of ``dead``.
 
         Their expiry restarts from now: the time the broker was down is not counted, as with
         Mosquitto's persistence.
         """
+        if dead is None:
+            running = {
+                node["node_id"]
+                for node in await read_node_table(self.meta)
+                if node["status"] == "up" and node["node_id"] != self.node_id
+            }
         begin, end = keys.SESSIONS.range()
         rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
-        loop = asyncio.get_running_loop()
+        restored = 0
+        adopted: list[Session] = []
         for key, raw in rows:
-            namespace, client_id = keys.SESSIONS.unpack(key)
+            namespace, _ = keys.SESSIONS.unpack(key)
             record = json.loads(raw)
-            session = Session(client_id, namespace)
-            session.expiry_interval = record["expiry_interval"]
-            for item in record["subscriptions"]:
-                sub = Subscription(
-                    item["filter"],
-                    SubscriptionOptions(*item["options"]),
-                    item.get("identifier"),
-                    item.get("shared_group"),
-                )
-                full = (
-                    f"$share/{sub.shared_group}/{sub.topic_filter}"
-                    if sub.shared_group
-                    else sub.topic_filter
-                )
-                session.subscriptions[full] = sub
-                session.subscriptions_changed()
-                self.bind(session, sub)
-            self.sessions[(namespace, client_id)] = session
-            if session.expiry_interval != NEVER_EXPIRES:
-                session.expiry_handle = loop.call_later(
-                    session.expiry_interval, self.expire, session
-                )
+            # Records without an owner predate clusters: the single broker's.
+            owner = record.get("node", self.node_id)
+            if owner != dead if dead is not None else owner in running:
+                continue
+            if (namespace, record["client_id"]) in self.sessions:
+                continue
+            session = Session.from_record(record, namespace)
+            self.install_session(session)
+            if owner != self.node_id:
+                adopted.append(session)
+            restored += 1
+        for session in adopted:  # the records are ours now
+            await self.save_session(session)
         self.update_subscription_gauge()
+        return restored
+
+    def install_session(self, session: Session) -> None:
+        """Make an offline session (restored or taken over) live here: bound, expiring."""
+        for sub in session.subscriptions.values():
+            self.bind(session, sub)
+        self.sessions[(session.namespace, session.client_id)] = session
+        if session.expiry_interval not in (0, NEVER_EXPIRES):
+            session.expiry_handle = asyncio.get_running_loop().call_later(
+                session.expiry_interval, self.expire, session
+            )
+
+    # --- sessions across nodes -----------------------------------------------------------
+    async def fetch_session(self, namespace: str, client_id: str) -> Session | None:
+        """A client reconnects here without a clean start, its session not here: take it over
+        from the node that holds it, or from its stored record if that node is gone."""
+        cluster = self.router.cluster
+        replies = await cluster.request_all(
+            ["mqtt.takeover", namespace, client_id, True], TAKEOVER_TIMEOUT_S
+        )
+        state = next((reply for reply in replies if reply), None)
+        if (namespace, client_id) in self.sessions:  # it came back here meanwhile
+            return self.sessions[(namespace, client_id)]
+        if state is not None:
+            session = Session.from_state(state, namespace)
+        else:
+            key = keys.SESSIONS.pack(namespace, client_id)
+            raw = await self.meta.transact(lambda tr: tr.get(key))
+            if raw is None:
+                return None
+            session = Session.from_record(json.loads(raw), namespace)
+        self.install_session(session)
+        return session
+
+    def kick(self, namespace: str, client_id: str) -> None:
+        """Tell every other node to end its connection and session of ``client_id``."""
+        cluster = self.router.cluster
+        if cluster is not None and cluster.has_peers:
+            cluster.broadcast(["mqtt.takeover", 0, namespace, client_id, False])
+
+    def _on_takeover(self, args: list[Any]) -> dict[str, Any] | None:
+        namespace, client_id, want_state = args
+        session = self.sessions.get((namespace, client_id))
+        if session is None:
+            return None
+        if session.connection is not None:
+            session.connection.take_over()
+        state = session.export_state() if want_state and session.persistent() else None
+        self.discard_session(session, forget=False)
+        return state
+
+    def _retained_changed(self, namespace: str, message: Message) -> None:
+        cluster = self.router.cluster
+        if cluster is not None and cluster.has_peers:
+            cluster.broadcast(["mqtt.retain", namespace, encode_message(message)])
+
+    def _on_retained(self, link: Any, frame: list[Any]) -> None:
+        _, namespace, data = frame
+        self.retained.remember(namespace, decode_message(data))
 
     def expire(self, session: Session) -> None:
         """The session expiry interval ran out while the client was away."""
@@ -256,7 +327,7 @@ class MqttServer:
 
     async def save_session(self, session: Session) -> None:
         key = keys.SESSIONS.pack(session.namespace, session.client_id)
-        value = json.dumps(session.to_record()).encode()
+        value = json.dumps({**session.to_record(), "node": self.node_id}).encode()
         await self.meta.transact(lambda tr: tr.set(key, value))
 
     async def forget_session(self, session: Session) -> None:

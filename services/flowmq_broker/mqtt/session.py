@@ -13,6 +13,7 @@ import collections
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from flowmq_broker.cluster import decode_message, encode_message
 from flowmq_core.message import Message
 from flowmq_wire.mqtt.packets import SubscriptionOptions
 
@@ -92,6 +93,54 @@ class Session:
 
     def persistent(self) -> bool:
         return self.expiry_interval > 0
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any], namespace: str) -> Session:
+        """The session a stored record describes: offline, its subscriptions not yet bound."""
+        session = cls(record["client_id"], namespace)
+        session.expiry_interval = record["expiry_interval"]
+        for item in record["subscriptions"]:
+            sub = Subscription(
+                item["filter"],
+                SubscriptionOptions(*item["options"]),
+                item.get("identifier"),
+                item.get("shared_group"),
+            )
+            full = (
+                f"$share/{sub.shared_group}/{sub.topic_filter}"
+                if sub.shared_group
+                else sub.topic_filter
+            )
+            session.subscriptions[full] = sub
+        session.subscriptions_changed()
+        return session
+
+    def export_state(self) -> dict[str, Any]:
+        """Everything a session takeover on another node needs (DESIGN.md §6): the record,
+        the messages in flight with their packet ids, the queue, the QoS 2 ids received."""
+        return {
+            "record": self.to_record(),
+            "inflight": [
+                [packet_id, encode_message(o.message), o.qos, o.retain, o.properties, o.released]
+                for packet_id, o in self.inflight.items()
+            ],
+            "queue": [
+                [encode_message(m), qos, retain, extra] for m, qos, retain, extra in self.queue
+            ],
+            "incoming_qos2": sorted(self.incoming_qos2),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], namespace: str) -> Session:
+        session = cls.from_record(state["record"], namespace)
+        for packet_id, data, qos, retain, properties, released in state["inflight"]:
+            session.inflight[packet_id] = Outgoing(
+                decode_message(data), qos, retain, properties, released
+            )
+        for data, qos, retain, extra in state["queue"]:
+            session.queue.append((decode_message(data), qos, retain, extra))
+        session.incoming_qos2 = set(state["incoming_qos2"])
+        return session
 
     def to_record(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,204 @@
+"""ClusterRouting between brokers in one process: real links on loopback, one shared
+in-memory meta store, Routers with a recording memory destination type."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import flowmq_metrics as metrics
+from flowmq_broker.cluster import ClusterRouting, decode_message, encode_message
+from flowmq_broker.routing import Binding, DestinationType, Router
+from flowmq_cluster.link import Links
+from flowmq_core.message import Message
+from flowmq_meta import keys
+from flowmq_meta.memory import MemoryMetaStore
+
+
+class Recorder(DestinationType):
+    durable = False
+
+    def __init__(self, name: str, one_member: bool = False) -> None:
+        self.name = name
+        self.one_member = one_member
+        self.got: list[tuple[str, bytes]] = []
+        self.arrived = asyncio.Event()
+
+    def accept(self, binding: Binding, message: Message) -> None:
+        self.got.append((binding.name, message.payload))
+        self.arrived.set()
+
+
+class Node:
+    def __init__(self, node_id: str, meta: MemoryMetaStore) -> None:
+        self.router = Router()
+        self.plain = Recorder("subscription")
+        self.shared = Recorder("shared", one_member=True)
+        self.router.register_type(self.plain)
+        self.router.register_type(self.shared)
+        self.cluster = ClusterRouting(node_id, meta, self.router)
+        self.router.cluster = self.cluster
+        self.port = 0
+
+    def subscribe(self, client: str, topic_filter: str) -> asyncio.Future | None:
+        """Subscribe; returns what a SUBACK would wait for."""
+        self.router.bind(Binding("subscription", "default", client), topic_filter)
+        self.cluster.local_added("default", topic_filter)
+        return self.cluster.routes_published()
+
+    def join_group(self, group: str, topic_filter: str) -> asyncio.Future | None:
+        name = f"$share/{group}/{topic_filter}"
+        self.router.bind(Binding("shared", "default", name), topic_filter)
+        self.cluster.local_added("default", name)
+        return self.cluster.routes_published()
+
+
+@pytest.fixture
+async def nodes():
+    meta = MemoryMetaStore()
+    a, b, c = Node("a", meta), Node("b", meta), Node("c", meta)
+    for node in (a, b, c):
+        node.port = await node.cluster.start(0)
+    everyone = [("a", "127.0.0.1", a.port), ("b", "127.0.0.1", b.port), ("c", "127.0.0.1", c.port)]
+    for node in (a, b, c):
+        node.cluster.set_members(everyone)
+    yield a, b, c, meta
+    for node in (a, b, c):
+        await node.cluster.stop()
+
+
+async def routed(*waiters: asyncio.Future | None) -> None:
+    assert all(w is not None for w in waiters), "a route change with peers must be awaited"
+    await asyncio.wait_for(asyncio.gather(*waiters), 5)
+
+
+def publish(node: Node, topic: str, payload: bytes) -> None:
+    node.router.dispatch("default", Message(topic, payload))
+
+
+async def test_a_message_is_forwarded_once_per_node_with_subscribers(nodes):
+    a, b, c, _ = nodes
+    first = b.subscribe("b1", "x/#")
+    second = b.subscribe("b2", "x/+")  # a second subscriber on b: still one forward to b
+    await routed(first, second)
+    # SUBACK waits for this: a and c have applied b's routes by now, no polling needed.
+    assert a.cluster.nodes_matching("default", "x/1") == {"b"}
+    before = metrics.broker_messages_forwarded_count.value("default")
+    publish(a, "x/1", b"one")
+    await asyncio.wait_for(b.plain.arrived.wait(), 5)
+    assert sorted(b.plain.got) == [("b1", b"one"), ("b2", b"one")]
+    assert metrics.broker_messages_forwarded_count.value("default") == before + 1
+    assert c.plain.got == [] and a.plain.got == []
+
+
+async def test_a_shared_group_gets_each_message_on_one_node(nodes):
+    a, b, c, _ = nodes
+    await routed(b.join_group("g", "jobs/#"), c.join_group("g", "jobs/#"))
+    for i in range(20):
+        publish(a, "jobs/run", str(i).encode())
+    deadline = asyncio.get_running_loop().time() + 5
+    while len(b.shared.got) + len(c.shared.got) < 20:
+        assert asyncio.get_running_loop().time() < deadline, "messages missing"
+        await asyncio.sleep(0.01)
+    payloads = [p for _, p in b.shared.got + c.shared.got]
+    assert sorted(payloads) == sorted(str(i).encode() for i in range(20))
+    assert b.shared.got and c.shared.got  # spread over both nodes
+
+
+async def test_a_local_member_shares_with_remote_members(nodes):
+    a, b, _, _ = nodes
+    await routed(a.join_group("g", "jobs/#"), b.join_group("g", "jobs/#"))
+    for i in range(10):
+        publish(a, "jobs/run", str(i).encode())
+    deadline = asyncio.get_running_loop().time() + 5
+    while len(a.shared.got) + len(b.shared.got) < 10:
+        assert asyncio.get_running_loop().time() < deadline, "messages missing"
+        await asyncio.sleep(0.01)
+    assert len(a.shared.got) + len(b.shared.got) == 10
+    assert a.shared.got and b.shared.got
+
+
+async def test_a_missed_route_update_is_repaired_and_counted(nodes):
+    a, b, _, _ = nodes
+    a.cluster.requests["route"] = lambda args: None  # a hears route updates but ignores them
+    missed_before = metrics.anti_entropy_missing_events_detected_count.value()
+    await routed(b.subscribe("b1", "late/#"))
+    assert a.cluster.nodes_matching("default", "late/x") == set()
+    await a.cluster.anti_entropy()
+    assert a.cluster.nodes_matching("default", "late/x") == {"b"}
+    assert metrics.anti_entropy_missing_events_detected_count.value() >= missed_before + 1
+
+
+async def test_a_gap_in_route_versions_makes_the_peer_reload(nodes):
+    a, b, _, _ = nodes
+    await routed(b.subscribe("b1", "one/#"))
+    b.cluster._seq += 5  # as if five updates had been lost on the way
+    await routed(b.subscribe("b2", "two/#"))  # a answers after reading b's whole route set
+    assert a.cluster.nodes_matching("default", "one/x") == {"b"}
+    assert a.cluster.nodes_matching("default", "two/x") == {"b"}
+
+
+async def test_unsubscribing_the_last_subscriber_removes_the_route(nodes):
+    a, b, _, _ = nodes
+    await routed(b.subscribe("b1", "u/#"))
+    assert b.subscribe("b2", "u/#") is None  # the filter was routed here already
+    b.cluster.local_removed("default", "u/#")
+    assert b.cluster.routes_published() is None  # one subscriber left: nothing changed
+    b.cluster.local_removed("default", "u/#")
+    await routed(b.cluster.routes_published())
+    assert a.cluster.nodes_matching("default", "u/x") == set()
+
+
+async def test_a_dead_nodes_routes_go_everywhere_and_from_the_meta_store(nodes):
+    a, b, c, meta = nodes
+    await routed(c.subscribe("c1", "d/#"))
+    begin, end = keys.ROUTES.range("c")
+    assert await meta.transact(lambda tr: tr.get_range(begin, end))
+    await c.cluster.links.stop()  # c dies without a word
+    a.cluster.node_gone("c")
+    b.cluster.node_gone("c")
+    assert a.cluster.nodes_matching("default", "d/x") == set()
+    deadline = asyncio.get_running_loop().time() + 5
+    while await meta.transact(lambda tr: tr.get_range(begin, end)):  # a, the lowest, clears
+        assert asyncio.get_running_loop().time() < deadline, "dead node's routes stayed"
+        await asyncio.sleep(0.01)
+
+
+def test_messages_survive_the_link_encoding():
+    message = Message(
+        "t/1",
+        b"\x00payload",
+        qos=1,
+        retain=True,
+        headers=[("k", b"v"), ("k", b"w")],
+        key=b"key",
+        content_type="text/plain",
+        expiry_ms=123,
+        source_protocol="mqtt",
+        properties={"origin": "c1", "correlation_data": b"\x01", "subscription_identifier": [3]},
+    )
+    assert decode_message(encode_message(message)) == message
+
+
+async def test_frames_sent_in_one_loop_iteration_arrive_in_order():
+    got: list[int] = []
+    done = asyncio.Event()
+
+    def on_frame(link, frame):
+        got.append(frame[1])
+        if len(got) == 5000:
+            done.set()
+
+    server = Links("server", on_frame)
+    client = Links("client", lambda link, frame: None)
+    port = await server.start(port=0)
+    client.set_peer("server", ("127.0.0.1", port))
+    try:
+        for i in range(5000):  # queued while connecting, then sent as one batch
+            assert client.send("server", ["n", i])
+        await asyncio.wait_for(done.wait(), 5)
+        assert got == list(range(5000))
+    finally:
+        await client.stop()
+        await server.stop()

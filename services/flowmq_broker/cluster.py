@@ -149,6 +149,8 @@ class ClusterRouting:
         self._poll = PeriodicTask("route-anti-entropy", ANTI_ENTROPY_S, self.anti_entropy)
         # What else the survivor that cleans up after a dead node takes over (MQTT sessions).
         self.on_node_dead: list[Callable[[str], Awaitable[Any]]] = []
+        # Told of each committed route version (the broker gossips it).
+        self.on_routes_changed: Callable[[str, int], None] | None = None
         # Where the live peers come from (gossip); anti-entropy re-reads it every second.
         self.member_source: Callable[[], Iterable[tuple[str, str, int | None]]] | None = None
 
@@ -303,6 +305,8 @@ class ClusterRouting:
 
         await self.meta.transact(write)
         self._seq = seq
+        if self.on_routes_changed is not None:
+            self.on_routes_changed(self.token, seq)
         added = [list(k) for k, present in dirty.items() if present]
         removed = [list(k) for k, present in dirty.items() if not present]
         await self.request_all(
@@ -364,6 +368,8 @@ class ClusterRouting:
     def _on_route(self, args: list[Any]) -> Any:
         node, token, seq, added, removed = args
         applied = self._applied.get(node)
+        if applied is not None and applied[0] == token and applied[1] >= seq:
+            return True  # a reload (gossip, anti-entropy) got here first
         if node in self._live and applied == (token, seq - 1):
             routes = set(self._node_routes.get(node, set()))
             routes.difference_update(tuple(k) for k in removed)
@@ -373,6 +379,12 @@ class ClusterRouting:
             return True
         # A gap (or a node we only just heard of): read its whole route set, then confirm.
         return self._reload_soon(node)
+
+    def routes_announced(self, node: str, token: str, seq: int) -> None:
+        """Gossip says ``node``'s routes reached version (token, seq): catch up if behind."""
+        applied = self._applied.get(node)
+        if node in self._live and (applied is None or applied[0] != token or applied[1] < seq):
+            self._reload_soon(node)
 
     def _reload_soon(self, node: str) -> asyncio.Task[None]:
         task = self._reloading.get(node)

@@ -54,6 +54,7 @@ PROTOCOL_ADAPTERS = {
 
 PAGE_CACHE_BYTES = 64 * 1024 * 1024
 METADATA_EVENT = "metadata.changed"
+ROUTES_EVENT = "routes.changed"
 
 
 def _advertised_host() -> str:
@@ -169,6 +170,9 @@ class Broker:
     def _gossip_event(self, kind: str, payload: dict[str, Any], hops: int, origin: str) -> None:
         metrics.gossip_event_propagation_hops_count.inc(hops)
         newer = payload.get("version", 0) > self.router.version
+        if kind == ROUTES_EVENT and self.cluster is not None:
+            self.cluster.routes_announced(origin, payload["token"], payload["seq"])
+            return
         if kind == METADATA_EVENT and newer and self.sync is not None:
             asyncio.get_running_loop().create_task(self._refresh_quietly())
 
@@ -276,7 +280,8 @@ class Broker:
             self.node_id,
             bind=("0.0.0.0", cfg.gossip_port),
             seeds=cfg.seeds,
-            meta={"roles": cfg.roles},
+            # The link port from the start: a peer routes to us only once it knows it.
+            meta={"roles": cfg.roles, "ports": {"cluster": self.ports["cluster"]}},
             advertise=(_advertised_host(), 0),
         )
         self.gossip.on_member_change = self._member_changed
@@ -293,6 +298,7 @@ class Broker:
         """Cross-node routing: links to the peers, this node's Subscription routes."""
         self.cluster = ClusterRouting(self.node_id, self.meta, self.router)
         self.cluster.member_source = self._live_peers
+        self.cluster.on_routes_changed = self._announce_routes
         try:
             self.ports["cluster"] = await self.cluster.start(self.config.cluster_port)
         except OSError as exc:
@@ -300,6 +306,13 @@ class Broker:
                 f"cannot listen on cluster port {self.config.cluster_port}: {exc.strerror}"
             ) from None
         self.router.cluster = self.cluster
+
+    def _announce_routes(self, token: str, seq: int) -> None:
+        """Route changes are pushed to peers over the links; gossip tells them too, so a
+        peer the push missed catches up within a gossip round rather than at anti-entropy."""
+        if self.gossip is not None:
+            self.gossip.broadcast(ROUTES_EVENT, {"token": token, "seq": seq})
+            metrics.gossip_events_originated_count.inc()
 
     def _live_peers(self) -> list[tuple[str, str, int | None]]:
         """Live gossip members with the address of their inter-broker link."""

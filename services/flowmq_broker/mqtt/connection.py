@@ -365,6 +365,11 @@ class MqttConnection(asyncio.Protocol):
     async def _connect_across_cluster(self, p: Connect, expiry: int, assigned: str | None) -> None:
         try:
             await self.server.fetch_session(self.namespace, self.client_id)
+            # Its subscriptions are routed here once CONNACK goes out, as after a SUBACK.
+            cluster = self.server.router.cluster
+            routed = cluster.routes_published() if cluster is not None else None
+            if routed is not None:
+                await routed
         except Exception:
             log.exception("mqtt %s: could not take the session over", self.client_id)
         held, self._held = self._held or [], None

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import queue
-import re
 import threading
 import time
 import urllib.request
@@ -31,7 +29,8 @@ from paho.mqtt.properties import Properties
 
 from flowmq_cluster.config import GossipConfig
 from flowmq_meta import keys, open_meta_store
-from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.broker_process import BrokerProcess
+from tests.fixtures.cluster import BrokerCluster, http, metric, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -46,97 +45,21 @@ SESSION_TAKEN_OVER = 0x8E
 # --- HTTP helpers ------------------------------------------------------------------------------
 
 
-def http(method: str, url: str, body: Any = None, token: str | None = TOKEN) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        raw = response.read()
-    return json.loads(raw) if token else raw.decode()
-
-
-def scrape(broker: BrokerProcess) -> str:
-    return http("GET", f"{broker.http}/metrics", token=None)
-
-
-def metric(broker: BrokerProcess, name: str, labels: str = "") -> float:
-    """A sample of ``name`` (with or without the ``_total`` suffix); 0 if not exposed yet."""
-    label_part = re.escape("{" + labels + "}") if labels else ""
-    pattern = rf"^{re.escape(name)}(?:_total)?{label_part} (\S+)$"
-    found = re.search(pattern, scrape(broker), re.M)
-    return float(found.group(1)) if found else 0.0
-
-
-def cluster_size(broker: BrokerProcess) -> float:
-    return metric(broker, "gossip_cluster_size")
-
-
 def forwarded(broker: BrokerProcess) -> float:
-    return metric(broker, "broker_messages_forwarded_count", 'namespace="default"')
+    return metric(broker.http, "broker_messages_forwarded_count", 'namespace="default"')
 
 
 def route_test(broker: BrokerProcess, topic: str) -> dict[str, Any]:
     quoted = urllib.request.quote(topic, safe="")
-    answer = http("GET", f"{broker.http}/api/v1/routes?topic={quoted}")
+    answer = http("GET", f"{broker.http}/api/v1/routes?topic={quoted}", token=TOKEN)
     assert answer["success"] is True, answer
     return answer["data"]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.1f} s"
-        time.sleep(0.02)
 
 
 # --- the cluster -------------------------------------------------------------------------------
 
 
-class Cluster:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.procs: dict[str, BrokerProcess] = {}
-        self.meta_url = f"sqlite:///{root / 'meta.db'}"
-        self.shared = [
-            "--meta", self.meta_url,
-            "--objects", (root / "objects").as_uri(),
-            "--admin-token", TOKEN,
-        ]  # fmt: skip
-
-    def start(self, name: str) -> BrokerProcess:
-        args = ["--node-id", name, *self.shared]
-        if name != "a":
-            args += ["--seeds", f"127.0.0.1:{self.procs['a'].ports['gossip']}"]
-        self.procs[name] = start_broker(self.root / name, *args)
-        return self.procs[name]
-
-    def __getitem__(self, name: str) -> BrokerProcess:
-        return self.procs[name]
-
-    def wait_size(self, size: int, names: tuple[str, ...], timeout: float) -> None:
-        for name in names:
-            wait_for(
-                lambda b=self[name]: cluster_size(b) == size,
-                timeout,
-                f"{name} reports gossip_cluster_size {size}",
-            )
-
-    def kill(self, name: str) -> None:
-        proc = self.procs[name].proc
-        proc.kill()
-        proc.wait(10)
-
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            proc.stop()
-
+class Cluster(BrokerCluster):
     def routes_in_meta(self, node: str) -> list[tuple[Any, ...]]:
         """``node``'s Subscription routes as the meta store holds them (read directly)."""
 
@@ -151,15 +74,11 @@ class Cluster:
 
         return asyncio.run(read())
 
-    def output(self) -> str:
-        return "\n".join(f"--- {n} ---\n" + "".join(p.output[-60:]) for n, p in self.procs.items())
-
 
 def make_cluster(root: Path) -> Cluster:
-    made = Cluster(root)
+    made = Cluster(root, TOKEN, NAMES)
     try:
-        for name in NAMES:
-            made.start(name)
+        made.start_all()
         made.wait_size(3, NAMES, timeout=15)
         wait_routable(made)
     except BaseException:
@@ -466,7 +385,9 @@ def test_a_stream_created_on_c_routes_on_a_within_a_second(cluster):
     a, c = cluster["a"], cluster["c"]
     topic = "s5/sensor/1"
     assert not any(d["name"] == "xn-s5" for d in route_test(a, topic)["destinations"])
-    created = http("POST", f"{c.http}/api/v1/streams", {"name": "xn-s5", "topic_filters": ["s5/#"]})
+    created = http(
+        "POST", f"{c.http}/api/v1/streams", {"name": "xn-s5", "topic_filters": ["s5/#"]}, TOKEN
+    )
     assert created["success"] is True, created
     started = time.monotonic()
 

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pika
@@ -29,7 +26,8 @@ from flowmq_broker.kafka.cluster import REFRESH_S, KafkaNode, _score, kafka_node
 from flowmq_cluster.config import GossipConfig
 from flowmq_queue.engine import DEFAULT_LEASE_MS
 from flowmq_wire.kafka import REQUEST_CLASSES
-from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.broker_process import BrokerProcess
+from tests.fixtures.cluster import BrokerCluster, cluster_size, metric, wait_for
 from tests.integration.kafka.conftest import RawKafka
 
 ck = pytest.importorskip("confluent_kafka")
@@ -51,30 +49,8 @@ REAPER_S = 2.0  # flowmq_broker.queues.REAPER_INTERVAL_S (not imported: server-s
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it is truthy; fail naming ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.1f} s"
-        time.sleep(0.05)
-
-
-def scrape(broker: BrokerProcess) -> str:
-    with urllib.request.urlopen(f"{broker.http}/metrics", timeout=5) as response:
-        return response.read().decode()
-
-
-def cluster_size(broker: BrokerProcess) -> float:
-    return float(re.search(r"^gossip_cluster_size (\S+)$", scrape(broker), re.M).group(1))
-
-
 def kafka_requests(broker: BrokerProcess, api: str) -> float:
-    pattern = rf'^kafka_requests_count(?:_total)?\{{api="{api}"\}} (\S+)$'
-    found = re.search(pattern, scrape(broker), re.M)
-    return float(found.group(1)) if found else 0.0
+    return metric(broker.http, "kafka_requests_count", f'api="{api}"')
 
 
 def owner(key: str) -> str:
@@ -122,37 +98,7 @@ def kafka_conf(*brokers: BrokerProcess, **extra: Any) -> dict[str, Any]:
     return conf
 
 
-class Cluster:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.procs: dict[str, BrokerProcess] = {}
-        self.shared = [
-            "--meta", f"sqlite:///{root / 'meta.db'}",
-            "--objects", (root / "objects").as_uri(),
-            "--admin-token", TOKEN,
-        ]  # fmt: skip
-
-    def start(self, name: str) -> BrokerProcess:
-        args = ["--node-id", name, *self.shared]
-        if name != "a":
-            args += ["--seeds", f"127.0.0.1:{self.procs['a'].ports['gossip']}"]
-        self.procs[name] = start_broker(self.root / name, *args)
-        return self.procs[name]
-
-    def __getitem__(self, name: str) -> BrokerProcess:
-        return self.procs[name]
-
-    def alive(self, name: str) -> bool:
-        proc = self.procs.get(name)
-        return proc is not None and proc.proc.poll() is None
-
-    def kill(self, name: str) -> float:
-        """SIGKILL ``name``; returns the monotonic time it died at."""
-        proc = self.procs[name].proc
-        proc.kill()
-        proc.wait(10)
-        return time.monotonic()
-
+class Cluster(BrokerCluster):
     def wait_whole(self, timeout: float = 15.0) -> None:
         """Every broker alive, seen by every other in gossip and in its Kafka Metadata."""
         for name in NAMES:
@@ -168,17 +114,10 @@ class Cluster:
                 f"Kafka Metadata from {name} lists all three brokers",
             )
 
-    def stop_all(self) -> None:
-        for proc in self.procs.values():
-            proc.stop()
-
-    def survivor_output(self, *names: str) -> str:
-        return "".join("".join(self[n].output) for n in names)
-
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
-    made = Cluster(tmp_path_factory.mktemp("failover"))
+    made = Cluster(tmp_path_factory.mktemp("failover"), TOKEN, NAMES)
     try:
         for name in NAMES:
             made.start(name)
@@ -362,7 +301,7 @@ def test_kafka_producer_and_group_continue_after_sigkill(
         producer.stop.set()
         consumer.finish()
     print(f"detected after {detected_s:.1f} s (bound {DETECTION_S - 1:.1f} s)")
-    assert "Traceback" not in cluster.survivor_output("a", "b")
+    assert "Traceback" not in cluster.output("a", "b")
 
 
 def group_coordinator_now(broker: BrokerProcess, group: str) -> str:
@@ -458,4 +397,4 @@ def test_amqp_leases_of_a_killed_broker_are_reaped_by_a_survivor(cluster: Cluste
     assert all(got[body] for body in held), "messages held by c were not marked redelivered"
     publisher.close()
     print(f"leases of the dead broker back after {reaped_s:.1f} s")
-    assert "Traceback" not in cluster.survivor_output("a", "b")
+    assert "Traceback" not in cluster.output("a", "b")

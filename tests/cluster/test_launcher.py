@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -19,6 +17,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from flowmq_broker.launcher import plan_cluster
+from tests.fixtures.cluster import metric, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -119,20 +118,6 @@ def launcher(tmp_path):
                 each.proc.wait()
 
 
-def cluster_size(http_port: str) -> float | None:
-    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    found = re.search(r"^gossip_cluster_size (\S+)$", text, re.M)
-    return float(found.group(1)) if found else None
-
-
-def wait_for(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
-
-
 def mqtt_round_trip(port: int, timeout: float = 10) -> bytes:
     """Subscribe, publish and receive one message through the broker at ``port``."""
     connected, received = threading.Event(), queue.Queue()
@@ -178,7 +163,13 @@ def test_cluster_runs_each_role_where_planned_and_stops_every_process(launcher, 
     # One shared meta store and object directory, each process its own data dir.
     assert (tmp_path / "data" / "meta.db").exists()
 
-    wait_for(lambda: all(cluster_size(row["http"]) == 2 for row in table.values()), timeout=15)
+    wait_for(
+        lambda: all(
+            metric(f"http://127.0.0.1:{row['http']}", "gossip_cluster_size") == 2
+            for row in table.values()
+        ),
+        timeout=15,
+    )
     assert mqtt_round_trip(int(table["node-1"]["mqtt"])) == b"hello"
 
     pids = [int(row["pid"]) for row in table.values()]

@@ -2,37 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import re
 import time
-import urllib.request
 
 import pytest
 
 from tests.fixtures.broker_process import start_broker
+from tests.fixtures.cluster import cluster_size, http, wait_for
 
 TOKEN = "cluster"
 
 
-def get(url: str, token: str | None = TOKEN):
-    request = urllib.request.Request(url)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=10) as response:
-        body = response.read()
-    return json.loads(body) if token else body.decode()
-
-
-def cluster_size(broker) -> float:
-    text = get(f"{broker.http}/metrics", token=None)
-    return float(re.search(r"^gossip_cluster_size (\S+)$", text, re.M).group(1))
-
-
-def wait_for(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
+def get(url: str) -> dict:
+    return http("GET", url, token=TOKEN)
 
 
 @pytest.fixture

@@ -92,17 +92,21 @@ async def test_a_message_is_forwarded_once_per_node_with_subscribers(nodes):
     assert c.plain.got == [] and a.plain.got == []
 
 
+async def shared_deliveries(members: list[Node], count: int) -> list[bytes]:
+    """Wait until ``members`` got ``count`` shared messages between them; their payloads."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while sum(len(m.shared.got) for m in members) < count:
+        assert asyncio.get_running_loop().time() < deadline, "messages missing"
+        await asyncio.sleep(0.01)
+    return sorted(payload for m in members for _, payload in m.shared.got)
+
+
 async def test_a_shared_group_gets_each_message_on_one_node(nodes):
     a, b, c, _ = nodes
     await routed(b.join_group("g", "jobs/#"), c.join_group("g", "jobs/#"))
     for i in range(20):
         publish(a, "jobs/run", str(i).encode())
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(b.shared.got) + len(c.shared.got) < 20:
-        assert asyncio.get_running_loop().time() < deadline, "messages missing"
-        await asyncio.sleep(0.01)
-    payloads = [p for _, p in b.shared.got + c.shared.got]
-    assert sorted(payloads) == sorted(str(i).encode() for i in range(20))
+    assert await shared_deliveries([b, c], 20) == sorted(str(i).encode() for i in range(20))
     assert b.shared.got and c.shared.got  # spread over both nodes
 
 
@@ -111,11 +115,7 @@ async def test_a_local_member_shares_with_remote_members(nodes):
     await routed(a.join_group("g", "jobs/#"), b.join_group("g", "jobs/#"))
     for i in range(10):
         publish(a, "jobs/run", str(i).encode())
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(a.shared.got) + len(b.shared.got) < 10:
-        assert asyncio.get_running_loop().time() < deadline, "messages missing"
-        await asyncio.sleep(0.01)
-    assert len(a.shared.got) + len(b.shared.got) == 10
+    assert await shared_deliveries([a, b], 10) == sorted(str(i).encode() for i in range(10))
     assert a.shared.got and b.shared.got
 
 

@@ -203,29 +203,36 @@ class ClusterRouting:
         for request in list(self._pending.values()):
             request.waiting.discard(node)
             request.check()
-        if applied is not None and min([self.node_id, *self._live]) == self.node_id:
-            token = applied[0]
+        if min([self.node_id, *self._live]) == self.node_id:
+            token = applied[0] if applied is not None else None
             asyncio.get_running_loop().create_task(self._clear_dead(node, token))
 
-    async def _clear_dead(self, node: str, token: str) -> None:
+    async def _clear_dead(self, node: str, token: str | None) -> None:
+        """Remove a gone node's routes and adopt what it left (``token``: its start as we
+        knew it; None if we never read its routes)."""
         try:
             if not await self._clear_node(node, token):
                 return  # it restarted meanwhile and owns its routes again
-            log.info("removed the subscription routes of dead node %s", node)
+            log.info("node %s is gone: its subscription routes are removed", node)
             for adopt in self.on_node_dead:
                 await adopt(node)
         except Exception:
             log.exception("could not take over from dead node %s", node)
 
-    async def _clear_node(self, node: str, token: str) -> bool:
+    async def _clear_node(self, node: str, token: str | None) -> bool:
         """Clear ``node``'s routes if they are still those of its start ``token`` (a node that
-        restarted meanwhile has written new ones)."""
+        restarted meanwhile has written new ones); True if they are gone (cleared now, or by
+        the node itself when it left)."""
         begin, end = keys.ROUTES.range(node)
         version_key = keys.ROUTE_VERSIONS.pack(node)
 
         def clear(tr: Any) -> bool:
             raw = tr.get(version_key)
-            if raw is None or json.loads(raw)["token"] != token:
+            if raw is None:
+                return True
+            if token is not None and json.loads(raw)["token"] != token:
+                return False
+            if token is None and node in self._live:  # back already
                 return False
             tr.clear_range(begin, end)
             tr.clear(version_key)

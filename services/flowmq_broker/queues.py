@@ -16,12 +16,21 @@ from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_core.errors import NotFound
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
+from flowmq_meta import keys
 from flowmq_meta.catalog import QUEUE, Catalog, Destination
 from flowmq_queue import QueueEngine, QueueOptions
 
 log = logging.getLogger(__name__)
 
 REAPER_INTERVAL_S = 2.0
+# Offline MQTT persistent sessions keep their messages in a queue of this name (not a
+# catalog queue: "$" is not allowed in destination names).  One shard: strict FIFO.
+SESSION_QUEUE_PREFIX = "$session/"
+SESSION_QUEUE_OPTIONS = QueueOptions(shards=1)
+
+
+def session_queue_name(client_id: str) -> str:
+    return SESSION_QUEUE_PREFIX + client_id
 
 
 class QueueDestinationType(DestinationType):
@@ -36,7 +45,7 @@ class QueueDestinationType(DestinationType):
     def options(self, ns: str, queue: str) -> QueueOptions | None:
         dest = self.router.destination(Binding(QUEUE, ns, queue))
         if dest is None:
-            return None
+            return SESSION_QUEUE_OPTIONS if queue.startswith(SESSION_QUEUE_PREFIX) else None
         # Destination objects are replaced when the catalog changes: cache by identity.
         hit = self._options.get(id(dest))
         if hit is None or hit[0] is not dest:
@@ -54,6 +63,7 @@ class QueueService:
     def __init__(self, broker: Any) -> None:
         self.router: Router = broker.router
         self.catalog: Catalog = broker.catalog
+        self.meta = broker.meta
         self.type = QueueDestinationType(None, self.router)  # type: ignore[arg-type]
         self.engine = QueueEngine(
             broker.meta,
@@ -84,6 +94,9 @@ class QueueService:
         return await self.engine.reap_once(queues, self._is_deleted)
 
     async def _is_deleted(self, ns: str, queue: str) -> bool:
+        if queue.startswith(SESSION_QUEUE_PREFIX):  # an MQTT session's: gone with it
+            key = keys.SESSIONS.pack(ns, queue.removeprefix(SESSION_QUEUE_PREFIX))
+            return await self.meta.transact(lambda tr: tr.get(key)) is None
         try:
             await self.catalog.get_destination(ns, queue, QUEUE)
         except NotFound:

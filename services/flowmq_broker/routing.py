@@ -8,8 +8,10 @@ adapters branch on the type (DESIGN.md §5).
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import functools
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -19,6 +21,8 @@ from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_core.trie import RouteTrie
 from flowmq_meta.catalog import Catalog, Destination
+
+log = logging.getLogger(__name__)
 
 
 class DestinationUnavailable(FlowMQError):
@@ -154,7 +158,14 @@ class Router:
             if dest_type is None or dest_type.durable:
                 continue
             if plain if not dest_type.one_member else binding.name in groups:
-                dest_type.accept(binding, message)
+                stored = dest_type.accept(binding, message)
+                if stored is not None:  # an offline session's store: nobody waits for it
+                    asyncio.ensure_future(stored).add_done_callback(_log_failure)
+
+
+def _log_failure(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("a forwarded message was not stored", exc_info=future.exception())
 
 
 @functools.cache

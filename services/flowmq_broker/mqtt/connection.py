@@ -117,16 +117,17 @@ class MqttConnection(asyncio.Protocol):
         try:
             packets = self.decoder.feed(data)
         except MqttCodecError as exc:
-            for packet in exc.packets:
-                if self.closing:
-                    return
-                self._handle(packet)
-            self._codec_error(exc)
+            self._handle_all(exc.packets)
+            if not self.closing:
+                self._codec_error(exc)
             return
+        self._handle_all(packets)
+
+    def _handle_all(self, packets: list[Any]) -> None:
         for packet in packets:
             if self.closing:
                 return
-            if self._held is not None:  # CONNECT is waiting for another node
+            if self._held is not None:  # CONNECT is waiting (another node, the store)
                 self._held.append(packet)
                 continue
             self._handle(packet)
@@ -352,24 +353,39 @@ class MqttConnection(asyncio.Protocol):
         server = self.server
         key = (self.namespace, client_id)
         cluster = server.router.cluster
-        if cluster is not None and cluster.has_peers:
-            if not p.clean_start and key not in server.sessions:
-                # The session may be on another node, or have outlived a dead one: take it
-                # over first.  Packets the client sends meanwhile wait their turn.
-                self._held = []
-                self._loop.create_task(self._connect_across_cluster(p, expiry, assigned))
-                return
-            server.kick(self.namespace, client_id)
+        in_cluster = cluster is not None and cluster.has_peers
+        # Without clean start the session may be on another node, or have outlived a dead
+        # one (its record is in the meta store): take it over first.  Else tell the others
+        # to end theirs.
+        fetch = not p.clean_start and key not in server.sessions
+        if in_cluster and not fetch:
+            server.kick(self.namespace, client_id, clean=bool(p.clean_start))
+        existing = server.sessions.get(key)
+        stored = not p.clean_start and existing is not None and existing.stored
+        if fetch or (stored and server.offline is not None):
+            self._held = []  # packets the client sends meanwhile wait their turn
+            self._loop.create_task(self._connect_later(p, expiry, assigned, fetch))
+            return
         self._attach_session(p, expiry, assigned)
 
-    async def _connect_across_cluster(self, p: Connect, expiry: int, assigned: str | None) -> None:
+    async def _connect_later(
+        self, p: Connect, expiry: int, assigned: str | None, fetch: bool
+    ) -> None:
+        """CONNECT once the session is here: fetched from another node, its offline store
+        emptied into its queue (so stored messages go out first, in order)."""
+        server = self.server
         try:
-            await self.server.fetch_session(self.namespace, self.client_id)
-            # Its subscriptions are routed here once CONNACK goes out, as after a SUBACK.
-            cluster = self.server.router.cluster
-            routed = cluster.routes_published() if cluster is not None else None
-            if routed is not None:
-                await routed
+            if fetch:
+                await server.fetch_session(self.namespace, self.client_id)
+                # Its subscriptions are routed here once CONNACK goes out, as after a SUBACK.
+                cluster = server.router.cluster
+                routed = cluster.routes_published() if cluster is not None else None
+                if routed is not None:
+                    await routed
+            session = server.sessions.get((self.namespace, self.client_id))
+            # Messages stored while we take are taken by the next round.
+            while session is not None and session.stored and server.offline is not None:
+                session.queue.extend(await server.offline.take(session))
         except Exception:
             log.exception("mqtt %s: could not take the session over", self.client_id)
         held, self._held = self._held or [], None

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import flowmq_metrics as metrics
 from flowmq_broker.cluster import decode_message, encode_message
+from flowmq_broker.mqtt.offline import OfflineStore
 from flowmq_broker.mqtt.retained import RetainedStore
 from flowmq_broker.mqtt.session import NEVER_EXPIRES, Session, Subscription
 from flowmq_broker.nodes import read_node_table
@@ -82,6 +83,7 @@ class MqttServer:
         allow_anonymous: bool = True,
         max_packet_size: int = 1024 * 1024,
         max_keep_alive: int = 65535,
+        offline: OfflineStore | None = None,
     ) -> None:
         self.router = router
         self.meta = meta
@@ -91,6 +93,8 @@ class MqttServer:
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive
         self.retained = RetainedStore(meta, objects)
+        # Durable store for offline persistent sessions (else their queue is in memory).
+        self.offline = offline
         self.sessions: dict[tuple[str, str], Session] = {}
         self.shared_groups: dict[tuple[str, str], list[str]] = {}
         self._shared_turn = itertools.count()
@@ -118,6 +122,7 @@ class MqttServer:
             node_id=broker.node_id,
             allow_anonymous=broker.config.allow_anonymous,
             max_keep_alive=broker.config.mqtt_max_keep_alive,
+            offline=OfflineStore(broker.queues.engine) if broker.queues else None,
         )
 
     # --- life cycle ---------------------------------------------------------------------
@@ -220,6 +225,8 @@ class MqttServer:
         self.update_subscription_gauge()
         if forget:
             asyncio.get_running_loop().create_task(self.forget_session(session))
+            if self.offline is not None:
+                self.offline.forget(session)
 
     async def restore_sessions(self, dead: str | None = None) -> int:
         """Bring back persistent sessions, offline, subscriptions bound: at start, this
@@ -273,9 +280,11 @@ class MqttServer:
         """A client reconnects here without a clean start, its session not here: take it over
         from the node that holds it, or from its stored record if that node is gone."""
         cluster = self.router.cluster
-        replies = await cluster.request_all(
-            ["mqtt.takeover", namespace, client_id, True], TAKEOVER_TIMEOUT_S
-        )
+        replies = []
+        if cluster is not None and cluster.has_peers:
+            replies = await cluster.request_all(
+                ["mqtt.takeover", namespace, client_id, True], TAKEOVER_TIMEOUT_S
+            )
         state = next((reply for reply in replies if reply), None)
         if (namespace, client_id) in self.sessions:  # it came back here meanwhile
             return self.sessions[(namespace, client_id)]
@@ -290,22 +299,32 @@ class MqttServer:
         self.install_session(session)
         return session
 
-    def kick(self, namespace: str, client_id: str) -> None:
-        """Tell every other node to end its connection and session of ``client_id``."""
+    def kick(self, namespace: str, client_id: str, *, clean: bool) -> None:
+        """Tell every other node to end its connection and session of ``client_id``
+        (``clean``: the client started clean, so what was stored for it goes too)."""
         cluster = self.router.cluster
         if cluster is not None and cluster.has_peers:
-            cluster.broadcast(["mqtt.takeover", 0, namespace, client_id, False])
+            cluster.broadcast(["mqtt.takeover", 0, namespace, client_id, False, clean])
 
-    def _on_takeover(self, args: list[Any]) -> dict[str, Any] | None:
-        namespace, client_id, want_state = args
+    def _on_takeover(self, args: list[Any]) -> Any:
+        namespace, client_id, want_state, *rest = args
+        clean = bool(rest and rest[0])
         session = self.sessions.get((namespace, client_id))
         if session is None:
             return None
         if session.connection is not None:
             session.connection.take_over()
         state = session.export_state() if want_state and session.persistent() else None
-        self.discard_session(session, forget=False)
-        return state
+        self.discard_session(session, forget=clean)
+        if not session.pending_stores:
+            return state
+
+        async def when_stored() -> dict[str, Any] | None:
+            # The new node reads the offline store next: let it find everything.
+            await asyncio.wait(list(session.pending_stores), timeout=TAKEOVER_TIMEOUT_S)
+            return state
+
+        return when_stored()
 
     def _retained_changed(self, namespace: str, message: Message) -> None:
         cluster = self.router.cluster
@@ -332,8 +351,14 @@ class MqttServer:
 
     async def forget_session(self, session: Session) -> None:
         key = keys.SESSIONS.pack(session.namespace, session.client_id)
+
+        def clear_if_ours(tr: Any) -> None:
+            raw = tr.get(key)  # another node may own the client id's record by now
+            if raw is not None and json.loads(raw).get("node", self.node_id) == self.node_id:
+                tr.clear(key)
+
         try:
-            await self.meta.transact(lambda tr: tr.clear(key))
+            await self.meta.transact(clear_if_ours)
         except Exception:
             log.exception("could not remove session %s from the meta store", session.client_id)
 
@@ -372,7 +397,11 @@ class MqttServer:
                     publisher.transport.resume_reading()
 
     # --- delivery ------------------------------------------------------------------------
-    def deliver(self, session: Session, message: Message, subs: list[Subscription]) -> None:
+    def deliver(
+        self, session: Session, message: Message, subs: list[Subscription]
+    ) -> asyncio.Future[Any] | None:
+        """Send or queue ``message`` for ``session``; a future when it went to the offline
+        store (done once durable: the publisher's acknowledgement waits for it)."""
         if message.properties.get("origin") == session.client_id:
             subs = [s for s in subs if not s.options.no_local]
             if not subs:
@@ -390,7 +419,10 @@ class MqttServer:
         if connection is not None:
             connection.send_message(message, qos, retain, identifiers)
         elif qos > 0 and session.persistent():
+            if self.offline is not None:
+                return self.offline.store(session, message, qos, retain, identifiers)
             session_enqueue(session, message, qos, retain, identifiers)
+        return None
 
     def encodings(self, message: Message) -> dict[Any, Any]:
         """Encodings of ``message`` made during its fan-out, shared by every subscriber of
@@ -422,7 +454,7 @@ class _SubscriptionType(DestinationType):
     def __init__(self, server: MqttServer) -> None:
         self.server = server
 
-    def accept(self, binding: Binding, message: Message) -> None:
+    def accept(self, binding: Binding, message: Message) -> asyncio.Future[Any] | None:
         session = self.server.sessions.get((binding.namespace, binding.name))
         if session is None:
             return None
@@ -431,7 +463,7 @@ class _SubscriptionType(DestinationType):
             topic = message.topic
             plain = [sub for sub in plain if matches(sub.topic_filter, topic)]
         if plain:  # one plain filter: the trie matched this client, so it matched that one
-            self.server.deliver(session, message, plain)
+            return self.server.deliver(session, message, plain)
         return None
 
 
@@ -443,7 +475,7 @@ class _SharedType(DestinationType):
     def __init__(self, server: MqttServer) -> None:
         self.server = server
 
-    def accept(self, binding: Binding, message: Message) -> None:
+    def accept(self, binding: Binding, message: Message) -> asyncio.Future[Any] | None:
         server = self.server
         members = server.shared_groups.get((binding.namespace, binding.name))
         if not members:
@@ -463,7 +495,7 @@ class _SharedType(DestinationType):
             return None
         sub = chosen.subscriptions.get("$share/" + group_filter)
         if sub is not None:
-            server.deliver(chosen, message, [sub])
+            return server.deliver(chosen, message, [sub])
         return None
 
 

@@ -66,6 +66,10 @@ class Session:
         self.expiry_handle: Any = None
         self.will_handle: Any = None  # a will waiting out its delay interval
         self.pending_will: Any = None  # …and the function that publishes it
+        # Messages may be waiting in the session's offline store (flowmq_broker.mqtt.offline):
+        # set when storing, and for a session restored from elsewhere (not known).
+        self.stored = False
+        self.pending_stores: set[Any] = set()  # stores not yet durable
 
     @property
     def online(self) -> bool:
@@ -113,6 +117,7 @@ class Session:
             )
             session.subscriptions[full] = sub
         session.subscriptions_changed()
+        session.stored = True
         return session
 
     def export_state(self) -> dict[str, Any]:

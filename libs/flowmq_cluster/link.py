@@ -26,6 +26,8 @@ Addr = tuple[str, int]
 MAX_PENDING_FRAMES = 100_000
 RECONNECT_DELAY_S = 0.2
 MAX_BUFFER_BYTES = 64 * 1024 * 1024
+# Past this much unsent data the link says it is blocked (senders should slow down).
+WRITE_HIGH_WATER = 1024 * 1024
 _HELLO = "hello"
 
 FrameHandler = Callable[["Link", Any], None]
@@ -46,11 +48,24 @@ class Link(asyncio.Protocol):
         self._flush_scheduled = False
         self.frames_sent = 0
         self.frames_received = 0
+        self.blocked = False  # the peer is not taking our data as fast as we send it
+        self.on_blocked: Callable[[Link, bool], None] | None = None
 
     # --- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.send([_HELLO, self.node_id])
+
+    def pause_writing(self) -> None:
+        self.blocked = True
+        if self.on_blocked is not None:
+            self.on_blocked(self, True)
+
+    def resume_writing(self) -> None:
+        self.blocked = False
+        if self.on_blocked is not None:
+            self.on_blocked(self, False)
 
     def data_received(self, data: bytes) -> None:
         self._unpacker.feed(data)
@@ -110,6 +125,8 @@ class Links:
     def __init__(self, node_id: str, on_frame: FrameHandler) -> None:
         self.node_id = node_id
         self.on_frame = on_frame
+        # Called when a link to a peer becomes blocked (True) or takes data again (False).
+        self.on_blocked: Callable[[Link, bool], None] | None = None
         self._peers: dict[str, _Peer] = {}
         self._inbound: set[Link] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -158,6 +175,10 @@ class Links:
     def peers(self) -> list[str]:
         return list(self._peers)
 
+    def blocked(self, node_id: str) -> bool:
+        peer = self._peers.get(node_id)
+        return peer is not None and peer.link is not None and peer.link.blocked
+
     def send(self, node_id: str, frame: Any) -> bool:
         """Queue ``frame`` for ``node_id``; False if the node is unknown or its backlog full."""
         peer = self._peers.get(node_id)
@@ -188,6 +209,7 @@ class Links:
                     await asyncio.sleep(RECONNECT_DELAY_S)
                     continue
                 link.on_lost = lambda lost, peer=peer: self._lost(peer, lost)
+                link.on_blocked = self.on_blocked
                 peer.link = link
                 backlog, peer.backlog = peer.backlog, []
                 for frame in backlog:
@@ -199,6 +221,13 @@ class Links:
     def _lost(self, peer: _Peer, link: Link) -> None:
         if peer.link is link:
             peer.link = None
+        if link.blocked:
+            link.blocked = False
+            if self.on_blocked is not None:
+                self.on_blocked(link, False)
+
+    def any_blocked(self) -> bool:
+        return any(p.link is not None and p.link.blocked for p in self._peers.values())
 
 
 __all__ = ["Link", "Links"]

@@ -126,6 +126,13 @@ class ClusterRouting:
         self.meta = meta
         self.router = router
         self.links = Links(node_id, self._on_frame)
+        self.links.on_blocked = self._link_blocked
+        # Flow control (the MQTT adapter sets these): a forward just went into a blocked
+        # link — slow the publisher down; no link is blocked any more — let it go.  And the
+        # link a forwarded message came in on, while it is being delivered.
+        self.on_links_blocked: Callable[[], None] | None = None
+        self.on_links_free: Callable[[], None] | None = None
+        self.receiving: Link | None = None
         # one-way frames [kind, …] and requests [kind, request id, …] answered by
         # ["reply", request id, value]; a request handler may return an awaitable
         self.handlers: dict[str, FrameHandler] = {"fwd": self._on_forward, "reply": self._on_reply}
@@ -415,10 +422,18 @@ class ClusterRouting:
             return
         if node not in self._live:
             return
+        version = json.loads(raw) if raw is not None else None
+        applied = self._applied.get(node)
+        if (
+            version is not None
+            and applied is not None
+            and applied[0] == version["token"]
+            and applied[1] > version["seq"]
+        ):
+            return  # an update pushed while we read is newer than what we read
         routes = {tuple(keys.ROUTES.unpack(key)[1:]) for key, _ in rows}
         self._set_node_routes(node, routes)  # type: ignore[arg-type]
-        if raw is not None:
-            version = json.loads(raw)
+        if version is not None:
             self._applied[node] = (version["token"], version["seq"])
 
     async def anti_entropy(self) -> None:
@@ -473,12 +488,21 @@ class ClusterRouting:
             bindings = frozenset(kept)
         data = encode_message(message)
         sent = 0
+        blocked = False
+        links = self.links
         for node in plain | picked.keys():
-            if self.links.send(node, ["fwd", namespace, data, node in plain, picked.get(node, [])]):
+            if links.send(node, ["fwd", namespace, data, node in plain, picked.get(node, [])]):
                 sent += 1
+                blocked = blocked or links.blocked(node)
         if sent:
             _forwarded(namespace).inc(sent)
+        if blocked and self.on_links_blocked is not None:
+            self.on_links_blocked()
         return bindings
+
+    def _link_blocked(self, link: Link, blocked: bool) -> None:
+        if not blocked and self.on_links_free is not None and not self.links.any_blocked():
+            self.on_links_free()
 
     def nodes_matching(self, namespace: str, topic: str) -> set[str]:
         """The remote nodes with a route matching ``topic``."""
@@ -487,7 +511,11 @@ class ClusterRouting:
 
     def _on_forward(self, link: Link, frame: list[Any]) -> None:
         _, namespace, data, plain, groups = frame
-        self.router.deliver_forwarded(namespace, decode_message(data), plain, groups)
+        self.receiving = link
+        try:
+            self.router.deliver_forwarded(namespace, decode_message(data), plain, groups)
+        finally:
+            self.receiving = None
 
     @property
     def has_peers(self) -> bool:

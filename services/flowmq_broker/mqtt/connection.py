@@ -149,12 +149,16 @@ class MqttConnection(asyncio.Protocol):
             self.transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
         self._out.clear()
         self._out_bytes = 0
+        if self.server._holding and not self._writing_paused:  # drained as it was written
+            self.server.release_links(self)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self.server._holding:
+            self.server.release_links(self)
 
     def backlog(self) -> int:
         """Bytes written but not yet taken by the client."""
@@ -212,6 +216,7 @@ class MqttConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self.server.connections.discard(self)
+        self.server.release_links(self)
         session = self._detach()
         if session is None:
             return
@@ -230,6 +235,8 @@ class MqttConnection(asyncio.Protocol):
         self.m.connections.dec()
         session.connection = None
         self.server.paused.discard(self)
+        self.server.link_paused.discard(self)
+        self.server.release_links(self)
         self.server.relieve(session)
         if self.will is not None:
             self._schedule_will(session)
@@ -289,7 +296,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _check_keep_alive(self) -> None:
         limit = self.keep_alive * 1.5
-        if self in self.server.paused:  # we stopped reading it: its silence is ours
+        if self.server.is_paused(self):  # we stopped reading it: its silence is ours
             self.last_rx = self._loop.time()
         idle = self._loop.time() - self.last_rx
         if idle >= limit:
@@ -624,12 +631,18 @@ class MqttConnection(asyncio.Protocol):
             self.m.dropped.inc()
             return
         if qos == 0:
-            if self.transport is None or (
-                (self._writing_paused or self._out_bytes > WRITE_HIGH_WATER)
-                and self.backlog() > WRITE_HIGH_WATER
-            ):
+            if self.transport is None:
                 self.m.dropped.inc()
                 return
+            if (
+                self._writing_paused or self._out_bytes > WRITE_HIGH_WATER
+            ) and self.backlog() > WRITE_HIGH_WATER:
+                link = self.server.forwarding_link()
+                if link is None:  # a local publisher: QoS 0 to a slow subscriber is dropped
+                    self.m.dropped.inc()
+                    return
+                # From another broker: slow it down instead (it pauses its publishers).
+                self.server.hold_link(link, self)
             self._deliver(message, 0, retain, identifiers, None)
             return
         if len(session.inflight) >= self.client_receive_maximum:
@@ -839,7 +852,7 @@ class MqttConnection(asyncio.Protocol):
                 return
             self._finish_subscribe(p.packet_id, codes, retained_to_send)
             self.flush()
-            if self not in server.paused:
+            if not server.is_paused(self):
                 self.transport.resume_reading()
 
         routed.add_done_callback(routes_out)

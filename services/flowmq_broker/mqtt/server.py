@@ -106,6 +106,10 @@ class MqttServer:
         self.current_publisher: Any = None
         self.congested: set[Session] = set()
         self.paused: set[Any] = set()
+        # Cross-node flow control: publishers paused while a link to a peer is blocked, and
+        # inbound links paused while a subscriber they feed cannot take more.
+        self.link_paused: set[Any] = set()
+        self._holding: dict[Any, set[Any]] = {}
         self._encode_cache_key: Any = None
         self._encode_cache: dict[Any, bytes] = {}
         router.register_type(_SubscriptionType(self))
@@ -137,6 +141,8 @@ class MqttServer:
             cluster.handlers["mqtt.retain"] = self._on_retained
             self.retained.on_change = self._retained_changed
             cluster.on_node_dead.append(self.restore_sessions)
+            cluster.on_links_blocked = self._links_blocked
+            cluster.on_links_free = self._links_free
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: MqttConnection(self), "0.0.0.0", port, reuse_address=True, backlog=1024
@@ -393,8 +399,49 @@ class MqttServer:
         if not self.congested and self.paused:
             paused, self.paused = self.paused, set()
             for publisher in paused:
-                if publisher.transport is not None:
+                if publisher.transport is not None and publisher not in self.link_paused:
                     publisher.transport.resume_reading()
+
+    def is_paused(self, publisher: Any) -> bool:
+        return publisher in self.paused or publisher in self.link_paused
+
+    def _links_blocked(self) -> None:
+        """The publisher being read forwards into a link the peer is not draining: stop
+        reading it until the link is clear (TCP pushes back to the client)."""
+        publisher = self.current_publisher
+        if publisher is not None and publisher not in self.link_paused and publisher.transport:
+            publisher.transport.pause_reading()
+            self.link_paused.add(publisher)
+
+    def _links_free(self) -> None:
+        paused, self.link_paused = self.link_paused, set()
+        for publisher in paused:
+            if publisher.transport is not None and publisher not in self.paused:
+                publisher.transport.resume_reading()
+
+    def forwarding_link(self) -> Any:
+        """The inter-broker link the message being delivered came in on, if any."""
+        cluster = self.router.cluster
+        return cluster.receiving if cluster is not None else None
+
+    def hold_link(self, link: Any, subscriber: Any) -> None:
+        """``subscriber`` cannot take what ``link`` brings as fast: stop reading the link
+        until it drains (the sending broker then slows its publishers down)."""
+        holders = self._holding.get(link)
+        if holders is None:
+            holders = self._holding[link] = set()
+            if link.transport is not None:
+                link.transport.pause_reading()
+        holders.add(subscriber)
+
+    def release_links(self, subscriber: Any) -> None:
+        """``subscriber`` drained (or went): resume the links only it was holding."""
+        for link, holders in list(self._holding.items()):
+            holders.discard(subscriber)
+            if not holders:
+                del self._holding[link]
+                if link.transport is not None:
+                    link.transport.resume_reading()
 
     # --- delivery ------------------------------------------------------------------------
     def deliver(

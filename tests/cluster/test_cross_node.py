@@ -446,6 +446,38 @@ def test_a_killed_nodes_routes_go_and_it_routes_again_after_restart(own_cluster,
     assert "c" in routed_at_suback
 
 
+def test_a_dead_nodes_offline_session_keeps_its_stored_messages(own_cluster, clients):
+    """Messages for an offline persistent session on c are in its durable queue: c dies,
+    the client comes back on b and gets them, and its subscription still works."""
+    cluster = own_cluster
+    a, b, c = cluster["a"], cluster["b"], cluster["c"]
+    away = Client(c, "k7-away", v5=True, clean_start=False, session_expiry=300)
+    away.subscribe("k7/#")
+    away.close()
+    publisher = clients(a)
+    publisher.publish_all([(f"k7/{i}", f"s{i}", 1) for i in range(5)])
+    wait_for(
+        lambda: (
+            metric(
+                c.http,
+                "queue_messages_enqueued_count",
+                'namespace="default",queue="$session/k7-away"',
+            )
+            >= 5
+        ),
+        STEP_S,
+        "c stored the messages for the offline session",
+    )
+    cluster.kill("c")
+    cluster.wait_size(2, ("a", "b"), timeout=DETECTION_S)
+
+    back = clients(b, "k7-away", v5=True, clean_start=False, session_expiry=300)
+    assert back.connect_flags.session_present is True
+    assert payloads(back.receive(5)) == [f"s{i}" for i in range(5)]
+    publisher.publish_all([("k7/after", "later", 1)])
+    assert payloads(back.receive(1)) == ["later"]
+
+
 # --- 7. retained messages across nodes ---------------------------------------------------------
 
 

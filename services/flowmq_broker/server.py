@@ -55,6 +55,9 @@ PROTOCOL_ADAPTERS = {
 PAGE_CACHE_BYTES = 64 * 1024 * 1024
 METADATA_EVENT = "metadata.changed"
 ROUTES_EVENT = "routes.changed"
+# Test-only fault: the broker ignores every gossip event it receives, as if gossip lost them
+# (tests/cluster: anti-entropy must still bring it up to date).
+IGNORE_EVENTS_ENV = "FLOWMQ_TEST_IGNORE_GOSSIP_EVENTS"
 
 
 def _advertised_host() -> str:
@@ -106,6 +109,7 @@ class Broker:
         self.maintenance: PeriodicTask | None = None
         self.queues: QueueService | None = None
         self.cluster: ClusterRouting | None = None
+        self._ignore_events = os.environ.get(IGNORE_EVENTS_ENV) == "1"
 
     @property
     def mqtt(self) -> MqttServer | None:
@@ -168,6 +172,8 @@ class Broker:
             metrics.gossip_events_originated_count.inc()
 
     def _gossip_event(self, kind: str, payload: dict[str, Any], hops: int, origin: str) -> None:
+        if self._ignore_events:
+            return
         metrics.gossip_event_propagation_hops_count.inc(hops)
         newer = payload.get("version", 0) > self.router.version
         if kind == ROUTES_EVENT and self.cluster is not None:

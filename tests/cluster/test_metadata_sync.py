@@ -9,9 +9,10 @@ import pytest
 
 import flowmq_metrics as metrics
 from flowmq_broker.routing import Binding
-from flowmq_broker.server import Broker
+from flowmq_broker.server import IGNORE_EVENTS_ENV, Broker
 from flowmq_core.config import BrokerConfig
 from flowmq_meta.catalog import Destination
+from tests.fixtures.cluster import BrokerCluster, http, metric, wait_for
 
 
 def config(tmp_path, name: str, shared, seeds=()) -> BrokerConfig:
@@ -81,3 +82,36 @@ async def test_anti_entropy_repairs_what_gossip_lost(pair):
     await routed_within(a, "while-deaf", 3.0)
     assert metrics.anti_entropy_missing_events_detected_count.value() >= missed_before + 1
     assert metrics.anti_entropy_syncs_completed_count.value() > syncs_before
+
+
+def test_a_broker_process_that_misses_gossip_events_catches_up_by_anti_entropy(tmp_path):
+    """Three processes; "deaf" ignores every gossip event (a test-only fault): a stream
+    created through another broker still routes there within anti-entropy's second, and the
+    broker counts what it missed."""
+    cluster = BrokerCluster(tmp_path, "t", ("a", "b", "deaf"))
+    try:
+        cluster.start("a")
+        cluster.start("b")
+        cluster.start("deaf", env={IGNORE_EVENTS_ENV: "1"})
+        cluster.wait_size(3, cluster.names, timeout=15)
+        deaf = cluster["deaf"]
+        missed_before = metric(deaf.http, "anti_entropy_missing_events_detected_count")
+        created = http(
+            "POST",
+            f"{cluster['b'].http}/api/v1/streams",
+            {"name": "heard-late", "topic_filters": ["late/#"]},
+            token="t",
+        )
+        assert created["success"] is True, created
+
+        def routes_it(broker) -> bool:
+            found = http("GET", f"{broker.http}/api/v1/routes?topic=late/x", token="t")
+            return any(d["name"] == "heard-late" for d in found["data"]["destinations"])
+
+        started = time.monotonic()
+        wait_for(lambda: routes_it(deaf), 3.0, "the deaf broker routes the new stream")
+        assert time.monotonic() - started < 2.0  # anti-entropy runs every second
+        assert metric(deaf.http, "anti_entropy_missing_events_detected_count") > missed_before
+        assert metric(cluster["a"].http, "gossip_event_propagation_hops_count") >= 1
+    finally:
+        cluster.stop_all()

@@ -247,8 +247,8 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
     cluster.add_argument("--nodes", type=int, default=cpus,
                          help=f"number of processes at least (default: CPU count, {cpus} here)")  # fmt: skip
     for role in PROTOCOL_ROLES:
-        cluster.add_argument(f"--{role}-num", type=int, default=1,
-                             help=f"processes running {role} (default 1)")  # fmt: skip
+        cluster.add_argument(f"--{role}-num", type=int, default=None,
+                             help=f"processes running {role} (default: every process)")  # fmt: skip
     ports = cluster.add_mutually_exclusive_group()
     cluster.set_defaults(any_ports=False)
     ports.add_argument("--base-ports", dest="any_ports", action="store_false",
@@ -263,9 +263,13 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
 
 def cluster_command(args: argparse.Namespace) -> int:
     """Run ``flowmq cluster`` with the options parsed by ``add_cluster_parser``."""
+    given = [n for n in (args.mqtt_num, args.kafka_num, args.amqp_num) if n is not None]
+    every = max([args.nodes, *given])  # a role count left out: every process runs the role
+    mqtt, kafka, amqp = (
+        every if n is None else n for n in (args.mqtt_num, args.kafka_num, args.amqp_num)
+    )
     try:
-        plans = plan_cluster(args.nodes, args.mqtt_num, args.kafka_num, args.amqp_num,
-                             any_ports=args.any_ports)  # fmt: skip
+        plans = plan_cluster(args.nodes, mqtt, kafka, amqp, any_ports=args.any_ports)
     except ValueError as exc:
         print(f"flowmq: {exc}", file=sys.stderr)
         return 2

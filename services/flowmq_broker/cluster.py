@@ -29,6 +29,7 @@ import msgpack
 
 import flowmq_metrics as metrics
 from flowmq_cluster.link import Link, Links
+from flowmq_core.errors import FlowMQError
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_core.trie import RouteTrie
@@ -38,10 +39,20 @@ from flowmq_meta.api import MetaStore
 log = logging.getLogger(__name__)
 
 ANTI_ENTROPY_S = 1.0
+# A forwarded QoS 1/2 message's publisher waits for the receiving nodes' confirmation at
+# most this long (a reply lost with a broken link must not hold it for ever).
+FORWARD_CONFIRM_TIMEOUT_S = 5.0
 # How long a SUBACK waits for peers to apply the new route: a peer that is dead but not yet
 # declared so must not hold subscribers up for longer; anti-entropy repairs what it missed.
 ROUTE_ACK_TIMEOUT_S = 1.0
 SHARE_PREFIX = "$share/"
+
+
+class NotStored(FlowMQError):
+    """A node a QoS 1/2 message was forwarded to could not store it for an offline session."""
+
+    code = "destination_unavailable"
+
 
 RemoteRoute = tuple[str, str | None]  # (node, shared group route filter or None)
 FrameHandler = Callable[[Link, list[Any]], None]
@@ -54,7 +65,9 @@ class _Request:
     def __init__(self, peers: set[str]) -> None:
         self.waiting = peers
         self.replies: list[Any] = []
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self.started = loop.time()
 
     def answered(self, peer: str, value: Any) -> None:
         if peer in self.waiting:
@@ -133,10 +146,14 @@ class ClusterRouting:
         self.on_links_blocked: Callable[[], None] | None = None
         self.on_links_free: Callable[[], None] | None = None
         self.receiving: Link | None = None
+        self._answering: Link | None = None  # the link of the request being handled
         # one-way frames [kind, …] and requests [kind, request id, …] answered by
         # ["reply", request id, value]; a request handler may return an awaitable
         self.handlers: dict[str, FrameHandler] = {"fwd": self._on_forward, "reply": self._on_reply}
-        self.requests: dict[str, RequestHandler] = {"route": self._on_route}
+        self.requests: dict[str, RequestHandler] = {
+            "route": self._on_route,
+            "fwdq": self._on_confirmed_forward,
+        }
         self.token = secrets.token_hex(8)
         # local routes: reference counts of (namespace, route filter), changes not yet out
         self._local: dict[tuple[str, str], int] = {}
@@ -346,6 +363,14 @@ class ClusterRouting:
             self._pending.pop(request_id, None)
         return request.replies
 
+    def _expire_requests(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for request in list(self._pending.values()):
+            if now - request.started > FORWARD_CONFIRM_TIMEOUT_S and request.waiting:
+                log.warning("no confirmation from %s in time", sorted(request.waiting))
+                request.waiting.clear()
+                request.check()
+
     def _on_reply(self, link: Link, frame: list[Any]) -> None:
         request = self._pending.get(frame[1])
         if request is not None:
@@ -440,6 +465,7 @@ class ClusterRouting:
         """Compare every live peer's route version with the applied one; reload what moved."""
         if self.member_source is not None:
             self.set_members(self.member_source())
+        self._expire_requests()
         begin, end = keys.ROUTE_VERSIONS.range()
         rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
         missed = 0
@@ -457,15 +483,19 @@ class ClusterRouting:
             metrics.anti_entropy_missing_events_detected_count.inc(missed)
 
     # --- forwarding ---------------------------------------------------------------------------
-    def forward(self, namespace: str, message: Message, bindings: frozenset[Any]) -> frozenset[Any]:
-        """Send ``message`` once to every remote node with a matching route; return the local
-        bindings still to deliver (a shared group may have picked a remote member)."""
+    def forward(
+        self, namespace: str, message: Message, bindings: frozenset[Any]
+    ) -> tuple[frozenset[Any], asyncio.Future[None] | None]:
+        """Send ``message`` once to every remote node with a matching route.  Returns the
+        local bindings still to deliver (a shared group may have picked a remote member) and,
+        for QoS 1/2, a future done once the receiving nodes confirmed it: delivered to the
+        connected subscribers there, stored for the offline persistent ones."""
         trie = self.remote.get(namespace)
         if trie is None:
-            return bindings
+            return bindings, None
         remote = trie.match(message.topic)
         if not remote:
-            return bindings
+            return bindings, None
         plain: set[str] = set()
         groups: dict[str, list[str]] = {}
         for node, group in remote:
@@ -487,18 +517,39 @@ class ClusterRouting:
                     kept.discard(local_groups.get(group))
             bindings = frozenset(kept)
         data = encode_message(message)
-        sent = 0
+        confirm = message.qos > 0
+        request_id = next(self._requests) if confirm else 0
+        sent: set[str] = set()
         blocked = False
         links = self.links
         for node in plain | picked.keys():
-            if links.send(node, ["fwd", namespace, data, node in plain, picked.get(node, [])]):
-                sent += 1
+            groups = picked.get(node, [])
+            frame = (
+                ["fwdq", request_id, namespace, data, node in plain, groups]
+                if confirm
+                else ["fwd", namespace, data, node in plain, groups]
+            )
+            if links.send(node, frame):
+                sent.add(node)
                 blocked = blocked or links.blocked(node)
         if sent:
-            _forwarded(namespace).inc(sent)
+            _forwarded(namespace).inc(len(sent))
         if blocked and self.on_links_blocked is not None:
             self.on_links_blocked()
-        return bindings
+        if not confirm or not sent:
+            return bindings, None
+        request = self._pending[request_id] = _Request(sent)
+        confirmed = asyncio.get_running_loop().create_future()
+
+        def settle(_: Any) -> None:
+            self._pending.pop(request_id, None)
+            if False in request.replies:
+                confirmed.set_exception(NotStored(f"a peer could not store {message.topic!r}"))
+            else:
+                confirmed.set_result(None)
+
+        request.done.add_done_callback(settle)
+        return bindings, confirmed
 
     def _link_blocked(self, link: Link, blocked: bool) -> None:
         if not blocked and self.on_links_free is not None and not self.links.any_blocked():
@@ -511,9 +562,31 @@ class ClusterRouting:
 
     def _on_forward(self, link: Link, frame: list[Any]) -> None:
         _, namespace, data, plain, groups = frame
+        self._deliver(link, namespace, data, plain, groups)
+
+    def _on_confirmed_forward(self, args: list[Any]) -> Any:
+        """A QoS 1/2 forward: answered once what it went to is stored (else at once)."""
+        namespace, data, plain, groups = args
+        stored = self._deliver(self._answering, namespace, data, plain, groups)
+        if not stored:
+            return True
+
+        async def when_stored() -> bool:
+            try:
+                await asyncio.gather(*stored)
+            except Exception:
+                log.exception("a forwarded message could not be stored")
+                return False
+            return True
+
+        return when_stored()
+
+    def _deliver(
+        self, link: Link | None, namespace: str, data: bytes, plain: bool, groups: list[str]
+    ) -> list[Any]:
         self.receiving = link
         try:
-            self.router.deliver_forwarded(namespace, decode_message(data), plain, groups)
+            return self.router.deliver_forwarded(namespace, decode_message(data), plain, groups)
         finally:
             self.receiving = None
 
@@ -536,7 +609,12 @@ class ClusterRouting:
             if answer is None:
                 log.warning("unknown frame from %s: %r", link.peer or "?", str(frame)[:80])
                 return
-            self._answer(link, frame[1], answer(frame[2:]))
+            self._answering = link
+            try:
+                value = answer(frame[2:])
+            finally:
+                self._answering = None
+            self._answer(link, frame[1], value)
         except Exception:
             log.exception("frame %r from %s failed", kind, link.peer)
 

@@ -8,7 +8,6 @@ adapters branch on the type (DESIGN.md §5).
 from __future__ import annotations
 
 import abc
-import asyncio
 import dataclasses
 import functools
 import logging
@@ -129,7 +128,9 @@ class Router:
                 )
         cluster = self.cluster
         if cluster is not None and cluster.remote:
-            bindings = cluster.forward(namespace, message, bindings)
+            bindings, confirmed = cluster.forward(namespace, message, bindings)
+            if confirmed is not None:
+                pending.append(confirmed)
         for binding in bindings:
             result = self._types[binding.type].accept(binding, message)
             if result is not None:
@@ -150,22 +151,20 @@ class Router:
 
     def deliver_forwarded(
         self, namespace: str, message: Message, plain: bool, groups: list[str]
-    ) -> None:
+    ) -> list[Awaitable[None]]:
         """Deliver a message another broker forwarded: only to memory destinations (it stored
-        the durable ones), all of them if ``plain``, and the shared ``groups`` it picked us for."""
+        the durable ones), all of them if ``plain``, and the shared ``groups`` it picked us for.
+        Returns what completes once stored (offline persistent sessions)."""
+        stored: list[Awaitable[None]] = []
         for binding in self.match(namespace, message.topic):
             dest_type = self._types.get(binding.type)
             if dest_type is None or dest_type.durable:
                 continue
             if plain if not dest_type.one_member else binding.name in groups:
-                stored = dest_type.accept(binding, message)
-                if stored is not None:  # an offline session's store: nobody waits for it
-                    asyncio.ensure_future(stored).add_done_callback(_log_failure)
-
-
-def _log_failure(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("a forwarded message was not stored", exc_info=future.exception())
+                result = dest_type.accept(binding, message)
+                if result is not None:
+                    stored.append(result)
+        return stored
 
 
 @functools.cache

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import flowmq_metrics as metrics
-from flowmq_broker.cluster import ClusterRouting, decode_message, encode_message
+from flowmq_broker.cluster import ClusterRouting, NotStored, decode_message, encode_message
 from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_cluster.link import Links
 from flowmq_core.message import Message
@@ -24,10 +24,12 @@ class Recorder(DestinationType):
         self.one_member = one_member
         self.got: list[tuple[str, bytes]] = []
         self.arrived = asyncio.Event()
+        self.stored: asyncio.Future | None = None  # returned as if an offline session stored it
 
-    def accept(self, binding: Binding, message: Message) -> None:
+    def accept(self, binding: Binding, message: Message) -> asyncio.Future | None:
         self.got.append((binding.name, message.payload))
         self.arrived.set()
+        return self.stored
 
 
 class Node:
@@ -90,6 +92,36 @@ async def test_a_message_is_forwarded_once_per_node_with_subscribers(nodes):
     assert sorted(b.plain.got) == [("b1", b"one"), ("b2", b"one")]
     assert metrics.broker_messages_forwarded_count.value("default") == before + 1
     assert c.plain.got == [] and a.plain.got == []
+
+
+async def test_a_qos1_forward_is_confirmed_once_the_receiver_stored_it(nodes):
+    a, b, _, _ = nodes
+    b.plain.stored = asyncio.get_running_loop().create_future()
+    await routed(b.subscribe("b1", "s/#"))
+    _, pending = a.router.dispatch("default", Message("s/1", b"x", qos=1))
+    assert len(pending) == 1  # the publisher's acknowledgement waits for b
+    await asyncio.wait_for(b.plain.arrived.wait(), 5)
+    await asyncio.sleep(0.1)  # asserting an absence: give a wrong early answer time to come
+    assert not pending[0].done()
+    b.plain.stored.set_result(None)
+    await asyncio.wait_for(pending[0], 5)
+
+
+async def test_a_forward_the_receiver_could_not_store_fails_the_publish(nodes):
+    a, b, _, _ = nodes
+    b.plain.stored = asyncio.get_running_loop().create_future()
+    b.plain.stored.set_exception(OSError("disk full"))
+    await routed(b.subscribe("b1", "f/#"))
+    _, pending = a.router.dispatch("default", Message("f/1", b"x", qos=1))
+    with pytest.raises(NotStored):
+        await asyncio.wait_for(pending[0], 5)
+
+
+async def test_a_qos0_forward_is_not_waited_for(nodes):
+    a, b, _, _ = nodes
+    await routed(b.subscribe("b1", "z/#"))
+    _, pending = a.router.dispatch("default", Message("z/1", b"x"))
+    assert pending == []
 
 
 async def shared_deliveries(members: list[Node], count: int) -> list[bytes]:

@@ -221,12 +221,13 @@ def run_fanin(broker: mb.Broker, sc: Scenario, args: argparse.Namespace, tag: st
     base = f"cbench/{tag}/{sc.key}"
     topics = [f"{base}/p{i}" for i in range(len(sc.pub_nodes))]
     filters = [f"{base}/+", f"{base}/#"]
-    prefix_pkt = lg.encode_publish(topics[0], b"\0" * size, 0)
-    prefix = prefix_pkt[: len(prefix_pkt) - size - len(topics[0])]
+    qos = args.qos
+    prefix_pkt = lg.encode_publish(topics[0], b"\0" * size, qos, packet_id=1)
+    prefix = prefix_pkt[: len(prefix_pkt) - size - len(topics[0]) - (2 if qos else 0)]
     pub_names, sub_names, procs = [], [], []
     for i, (topic, node) in enumerate(zip(topics, sc.pub_nodes, strict=True)):
         spec = lg.PubSpec(
-            f"pub{i}", broker.ports[node], f"{tag}{sc.key}p{i}", topic, size, 0, args.duration
+            f"pub{i}", broker.ports[node], f"{tag}{sc.key}p{i}", topic, size, qos, args.duration
         )
         pub_names.append(spec.name)
         procs.append(ctx.Process(target=lg.publisher, args=(spec, go, go_time, exp, out)))
@@ -236,9 +237,9 @@ def run_fanin(broker: mb.Broker, sc: Scenario, args: argparse.Namespace, tag: st
             broker.ports[node],
             [f"{tag}{sc.key}s{j}"],
             filters[j % 2],
-            0,
+            qos,
             size,
-            lg.packet_len(topics[0], size, 0),
+            lg.packet_len(topics[0], size, qos),
             prefix,
             args.duration,
             args.warmup,
@@ -561,7 +562,7 @@ def _lost(rs: list[dict]) -> str:
 def report_fanin(scs: list[Scenario], runs: dict[str, list[dict]], args) -> None:
     print()
     print(
-        f"Fan-in: QoS 0, {args.fanin} publishers → subscribers on …/+ (…/#), MQTT 3.1.1, "
+        f"Fan-in: QoS {args.qos}, {args.fanin} publishers → subscribers on …/+ (…/#), MQTT 3.1.1, "
         f"{args.msg_size}-byte payloads, {args.duration:g} s per run ({args.warmup:g} s warm-up), "
         f"{args.rounds} round(s), {os.cpu_count()} CPUs shared by brokers and load generators"
     )
@@ -677,6 +678,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="fan-in rounds (every scenario each)")
     ap.add_argument("--fanin", type=int, default=4, help="publishers (even: split over 2 nodes)")
     ap.add_argument("--msg-size", type=int, default=100)
+    ap.add_argument("--qos", type=int, choices=(0, 1), default=0, help="QoS of the fan-in load")
     ap.add_argument("--sub-nap", type=float, default=0.0005, help="as mqtt_bench --sub-nap")
     ap.add_argument(
         "--scenarios",

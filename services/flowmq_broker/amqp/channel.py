@@ -670,6 +670,10 @@ class Channel:
             dest: Destination | None = await self.server.catalog.get_destination(ns, name, QUEUE)
         except NotFound:
             dest = None
+        if dest is not None and self.server.router.destination(Binding(QUEUE, ns, name)) is None:
+            # Created through another broker, not yet applied here (gossip is on its way):
+            # apply it now, so that the consume that follows the Declare-Ok finds it.
+            await self.server.broker.sync.refresh()
         if m.passive:
             if dest is None:
                 raise ChannelError(rc.NOT_FOUND, f"no queue '{name}' in vhost '{conn.vhost}'")

@@ -111,7 +111,11 @@ def test_a_broker_process_that_misses_gossip_events_catches_up_by_anti_entropy(t
         started = time.monotonic()
         wait_for(lambda: routes_it(deaf), 3.0, "the deaf broker routes the new stream")
         assert time.monotonic() - started < 2.0  # anti-entropy runs every second
-        assert metric(deaf.http, "anti_entropy_missing_events_detected_count") > missed_before
+        wait_for(  # counted once the catalog reload's callbacks are done
+            lambda: metric(deaf.http, "anti_entropy_missing_events_detected_count") > missed_before,
+            2.0,
+            "the deaf broker counts the missed change",
+        )
         assert metric(cluster["a"].http, "gossip_event_propagation_hops_count") >= 1
     finally:
         cluster.stop_all()

@@ -555,6 +555,18 @@ class ClusterRouting:
         if not blocked and self.on_links_free is not None and not self.links.any_blocked():
             self.on_links_free()
 
+    def forward_to_group(self, namespace: str, message: Message, group: str) -> bool:
+        """Send ``message`` to one remote node with members of shared ``group``."""
+        trie = self.remote.get(namespace)
+        if trie is None:
+            return False
+        nodes = sorted(node for node, g in trie.match(message.topic) if g == group)
+        if not nodes:
+            return False
+        node = nodes[next(self._turn) % len(nodes)]
+        frame = ["fwd", namespace, encode_message(message), False, [group]]
+        return self.links.send(node, frame)
+
     def nodes_matching(self, namespace: str, topic: str) -> set[str]:
         """The remote nodes with a route matching ``topic``."""
         trie = self.remote.get(namespace)

@@ -14,7 +14,13 @@ import secrets
 from collections import deque
 from typing import Any
 
-from flowmq_broker.mqtt.server import MqttServer, mqtt_metrics, now_ms, session_enqueue
+from flowmq_broker.mqtt.server import (
+    MqttServer,
+    delivery_extra,
+    mqtt_metrics,
+    now_ms,
+    session_enqueue,
+)
 from flowmq_broker.mqtt.session import NEVER_EXPIRES, Outgoing, Session, Subscription
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.errors import InvalidFilter
@@ -623,7 +629,12 @@ class MqttConnection(asyncio.Protocol):
 
     # --- outbound PUBLISH -----------------------------------------------------------------
     def send_message(
-        self, message: Message, qos: int, retain: bool, identifiers: list[int]
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        identifiers: list[int],
+        shared: str | None = None,
     ) -> None:
         session = self.session
         assert session is not None
@@ -646,12 +657,12 @@ class MqttConnection(asyncio.Protocol):
             self._deliver(message, 0, retain, identifiers, None)
             return
         if len(session.inflight) >= self.client_receive_maximum:
-            session_enqueue(session, message, qos, retain, identifiers)
+            session_enqueue(session, message, qos, retain, identifiers, shared)
             self.server.check_congestion(session)
             return
         packet_id = session.allocate_packet_id()
         session.inflight[packet_id] = Outgoing(
-            message, qos, retain, {"subscription_identifier": identifiers}
+            message, qos, retain, delivery_extra(identifiers, shared)
         )
         self._deliver(message, qos, retain, identifiers, packet_id)
 

@@ -113,7 +113,8 @@ class MqttServer:
         self._encode_cache_key: Any = None
         self._encode_cache: dict[Any, bytes] = {}
         router.register_type(_SubscriptionType(self))
-        router.register_type(_SharedType(self))
+        self._shared = _SharedType(self)
+        router.register_type(self._shared)
 
     @classmethod
     def for_broker(cls, broker: Any) -> MqttServer:
@@ -215,15 +216,20 @@ class MqttServer:
             self.shared_groups.pop((session.namespace, name), None)
             self.router.unbind(Binding(SHARED, session.namespace, name), sub.topic_filter)
 
-    def discard_session(self, session: Session, *, forget: bool = True) -> None:
+    def discard_session(
+        self, session: Session, *, forget: bool = True, redistribute: bool = True
+    ) -> None:
         """End ``session`` here; ``forget`` also deletes its stored record (not when another
-        node took it over: the record is that node's now)."""
+        node took it over: the record is that node's now); ``redistribute``: its unsettled
+        shared-group messages go to other members (not when its state moved elsewhere)."""
         session.connection = None
         self.relieve(session)
         for sub in list(session.subscriptions.values()):
             self.unbind(session, sub)
         session.subscriptions.clear()
         session.subscriptions_changed()
+        if redistribute:
+            self.redistribute(session)
         if self.sessions.get((session.namespace, session.client_id)) is session:
             del self.sessions[(session.namespace, session.client_id)]
         if session.expiry_handle is not None:
@@ -321,7 +327,7 @@ class MqttServer:
         if session.connection is not None:
             session.connection.take_over()
         state = session.export_state() if want_state and session.persistent() else None
-        self.discard_session(session, forget=clean)
+        self.discard_session(session, forget=clean, redistribute=state is None)
         if not session.pending_stores:
             return state
 
@@ -445,10 +451,15 @@ class MqttServer:
 
     # --- delivery ------------------------------------------------------------------------
     def deliver(
-        self, session: Session, message: Message, subs: list[Subscription]
+        self,
+        session: Session,
+        message: Message,
+        subs: list[Subscription],
+        shared: str | None = None,
     ) -> asyncio.Future[Any] | None:
-        """Send or queue ``message`` for ``session``; a future when it went to the offline
-        store (done once durable: the publisher's acknowledgement waits for it)."""
+        """Send or queue ``message`` for ``session`` (as a member of the ``shared`` group,
+        if given); a future when it went to the offline store (done once durable: the
+        publisher's acknowledgement waits for it)."""
         if message.properties.get("origin") == session.client_id:
             subs = [s for s in subs if not s.options.no_local]
             if not subs:
@@ -464,12 +475,29 @@ class MqttServer:
             identifiers = [s.identifier for s in subs if s.identifier]
         connection = session.connection
         if connection is not None:
-            connection.send_message(message, qos, retain, identifiers)
+            connection.send_message(message, qos, retain, identifiers, shared)
         elif qos > 0 and session.persistent():
             if self.offline is not None:
                 return self.offline.store(session, message, qos, retain, identifiers)
-            session_enqueue(session, message, qos, retain, identifiers)
+            session_enqueue(session, message, qos, retain, identifiers, shared)
         return None
+
+    def redistribute(self, session: Session) -> None:
+        """``session`` ended with messages of shared groups unacknowledged: give each to
+        another member (MQTT 5 §4.8.2: the Server SHOULD), here or on another node.  A QoS 2
+        message the client already received (PUBREC) is its own."""
+        orphans = [
+            (out.message, out.properties["shared"])
+            for out in session.inflight.values()
+            if "shared" in out.properties and not out.released
+        ]
+        orphans += [(m, extra["shared"]) for m, _, _, extra in session.queue if "shared" in extra]
+        cluster = self.router.cluster
+        for message, group in orphans:
+            if self.shared_groups.get((session.namespace, group)):
+                self._shared.accept(Binding(SHARED, session.namespace, group), message)
+            elif cluster is None or not cluster.forward_to_group(session.namespace, message, group):
+                mqtt_metrics(session.namespace).dropped.inc()
 
     def encodings(self, message: Message) -> dict[Any, Any]:
         """Encodings of ``message`` made during its fan-out, shared by every subscriber of
@@ -480,15 +508,27 @@ class MqttServer:
         return self._encode_cache
 
 
+def delivery_extra(identifiers: list[int], shared: str | None) -> dict[str, Any]:
+    """What a queued or in-flight message carries besides itself."""
+    if shared is None:
+        return {"subscription_identifier": identifiers}
+    return {"subscription_identifier": identifiers, "shared": shared}
+
+
 def session_enqueue(
-    session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
+    session: Session,
+    message: Message,
+    qos: int,
+    retain: bool,
+    identifiers: list[int],
+    shared: str | None = None,
 ) -> None:
     from flowmq_broker.mqtt.session import MAX_QUEUED
 
     if len(session.queue) >= MAX_QUEUED:
         session.queue.popleft()
         mqtt_metrics(session.namespace).dropped.inc()
-    session.queue.append((message, qos, retain, {"subscription_identifier": identifiers}))
+    session.queue.append((message, qos, retain, delivery_extra(identifiers, shared)))
 
 
 _NO_IDS: list[int] = []
@@ -542,7 +582,7 @@ class _SharedType(DestinationType):
             return None
         sub = chosen.subscriptions.get("$share/" + group_filter)
         if sub is not None:
-            return server.deliver(chosen, message, [sub])
+            return server.deliver(chosen, message, [sub], binding.name)
         return None
 
 

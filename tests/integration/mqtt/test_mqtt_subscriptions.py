@@ -194,6 +194,26 @@ def test_shared_member_leaving_leaves_the_rest(paho, uid):
     a.expect_none()
 
 
+def test_a_leaving_members_unacknowledged_messages_go_to_another_member(raw, paho, uid):
+    """MQTT 5 §4.8.2: when a member's session ends with QoS 1 messages it never acknowledged,
+    the Server SHOULD send them to another member."""
+    group_filter = f"$share/g/orphan/{uid}"
+    silent = raw(5)
+    silent.connect(f"silent-{uid}")
+    silent.subscribe((group_filter, SubscriptionOptions(1)))
+    pub = paho(f"pub-{uid}")
+    pub.connect()
+    for i in range(4):  # the only member yet: it gets all four, and acknowledges none
+        pub.publish(f"orphan/{uid}", str(i).encode(), 1)
+    assert [silent.expect(Publish).payload for _ in range(4)] == [b"0", b"1", b"2", b"3"]
+    other = paho(f"other-{uid}", v5=True)
+    other.connect()
+    other.subscribe(group_filter, 1)
+    silent.kill()  # its session (expiry 0) ends with the connection
+    assert sorted(m.payload for m in other.expect(4)) == [b"0", b"1", b"2", b"3"]
+    other.expect_none()
+
+
 def test_shared_subscription_with_no_local_is_protocol_error(raw, uid):
     """MQTT 5 §3.8.3.1: No Local on a shared subscription is a Protocol Error."""
     c = raw(5)

@@ -234,3 +234,13 @@ async def test_frames_sent_in_one_loop_iteration_arrive_in_order():
     finally:
         await client.stop()
         await server.stop()
+
+
+async def test_a_message_can_be_handed_to_a_shared_group_on_another_node(nodes):
+    a, b, _, _ = nodes
+    await routed(b.join_group("g", "jobs/#"))
+    assert not a.cluster.forward_to_group("default", Message("jobs/1", b"x"), "$share/h/jobs/#")
+    assert a.cluster.forward_to_group("default", Message("jobs/1", b"x"), "$share/g/jobs/#")
+    await asyncio.wait_for(b.shared.arrived.wait(), 5)
+    assert b.shared.got == [("$share/g/jobs/#", b"x")]
+    assert b.plain.got == []

@@ -43,6 +43,16 @@ class BrokerConfig:
     # Mosquitto's max_keepalive: a v5 client asking for more (or for none) is told this
     # value as the server keep alive; 3.1.1 clients are held to it without being told.
     mqtt_max_keep_alive: int = 65535
+    # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
+    # peers per round, seconds between probes, direct-ack wait, members asked for an
+    # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.
+    gossip_interval: float = 0.2
+    gossip_nodes: int = 3
+    gossip_probe_interval: float = 1.0
+    gossip_probe_timeout: float = 0.5
+    gossip_indirect_checks: int = 3
+    gossip_suspicion_mult: int = 4
+    gossip_push_pull_interval: float = 30.0
 
     def resolved(self) -> BrokerConfig:
         """A copy with the embedded defaults that depend on ``data_dir`` filled in."""
@@ -76,6 +86,8 @@ def _coerce(field: dataclasses.Field, raw: Any, source: str) -> Any:
     try:
         if kind == "int":
             return int(raw)
+        if kind == "float":
+            return float(raw)
         if kind == "bool":
             if isinstance(raw, bool):
                 return raw

@@ -47,6 +47,18 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "log_level": "debug, info, warning or error (default info)",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "
         "a v5 client asking for more or for none is given this as server keep alive",
+        "gossip_interval": f"seconds between gossip rounds (default {defaults.gossip_interval})",
+        "gossip_nodes": f"peers gossiped to per round (default {defaults.gossip_nodes})",
+        "gossip_probe_interval": "seconds between failure-detector probes "
+        f"(default {defaults.gossip_probe_interval})",
+        "gossip_probe_timeout": "seconds to wait for a direct probe ack "
+        f"(default {defaults.gossip_probe_timeout})",
+        "gossip_indirect_checks": "members asked to probe a silent one "
+        f"(default {defaults.gossip_indirect_checks})",
+        "gossip_suspicion_mult": "suspicion timeout = this × max(1, log10(N+1)) × probe interval "
+        f"(default {defaults.gossip_suspicion_mult})",
+        "gossip_push_pull_interval": "seconds between full-state exchanges "
+        f"(default {defaults.gossip_push_pull_interval})",
     }
     # Every config key is a flag, documented or not, so a key can never lack one.
     for field in dataclasses.fields(BrokerConfig):

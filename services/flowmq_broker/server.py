@@ -22,7 +22,7 @@ from flowmq_broker.nodes import NodeRegistry
 from flowmq_broker.queues import QueueService, install_queues
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_broker.streams import StreamDestinationType
-from flowmq_cluster import Gossip
+from flowmq_cluster import Gossip, GossipConfig
 from flowmq_core.config import BrokerConfig
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
@@ -282,10 +282,23 @@ class Broker:
         """Join the cluster's SWIM membership (DESIGN.md §6).  Routing does not use it yet:
         it tells which brokers are alive (cluster nodes API, gossip_cluster_size)."""
         cfg = self.config
+        try:
+            tuning = GossipConfig(
+                gossip_interval=cfg.gossip_interval,
+                gossip_nodes=cfg.gossip_nodes,
+                probe_interval=cfg.gossip_probe_interval,
+                probe_timeout=cfg.gossip_probe_timeout,
+                indirect_checks=cfg.gossip_indirect_checks,
+                suspicion_mult=cfg.gossip_suspicion_mult,
+                push_pull_interval=cfg.gossip_push_pull_interval,
+            )
+        except ValueError as exc:
+            raise StartupError(f"gossip settings: {exc}") from None
         self.gossip = Gossip(
             self.node_id,
             bind=("0.0.0.0", cfg.gossip_port),
             seeds=cfg.seeds,
+            config=tuning,
             # The link port from the start: a peer routes to us only once it knows it.
             meta={"roles": cfg.roles, "ports": {"cluster": self.ports["cluster"]}},
             advertise=(_advertised_host(), 0),

@@ -95,6 +95,10 @@ def test_port_in_use_is_one_clear_line(tmp_path):
         (["--objects", "ftp://x"], "object store URL"),
         (["--http-port", "http"], "--http-port"),
         (["--roles", "smtp"], "roles"),
+        (
+            ["--gossip-probe-interval", "0.5", "--gossip-probe-timeout", "0.5"],
+            "gossip settings: probe_timeout must be shorter than probe_interval",
+        ),
     ],
 )
 def test_bad_settings_are_one_clear_line(tmp_path, args, message):

@@ -73,3 +73,14 @@ def test_boolean_keys(raw, value):
 def test_bad_boolean_is_named():
     with pytest.raises(ConfigError, match="--allow-anonymous"):
         load_config({"allow_anonymous": "maybe"}, env={})
+
+
+def test_gossip_timing_is_configurable(tmp_path):
+    config_file = tmp_path / "c.toml"
+    config_file.write_text("gossip_interval = 0.05\ngossip_suspicion_mult = 2\n")
+    env = {"FLOWMQ_GOSSIP_PROBE_INTERVAL": "0.4", "FLOWMQ_GOSSIP_PROBE_TIMEOUT": "0.1"}
+    cfg = load_config({"gossip_nodes": "5"}, env=env, config_file=str(config_file))
+    assert (cfg.gossip_interval, cfg.gossip_suspicion_mult, cfg.gossip_nodes) == (0.05, 2, 5)
+    assert (cfg.gossip_probe_interval, cfg.gossip_probe_timeout) == (0.4, 0.1)
+    with pytest.raises(ConfigError, match="gossip_interval"):
+        load_config({"gossip_interval": "fast"}, env={})

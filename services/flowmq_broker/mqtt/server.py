@@ -309,6 +309,8 @@ class MqttServer:
                 return None
             session = Session.from_record(json.loads(raw), namespace)
         self.install_session(session)
+        if session.persistent():  # ours now, even if the client goes before CONNACK
+            await self.save_session(session)
         return session
 
     def kick(self, namespace: str, client_id: str, *, clean: bool) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -46,8 +47,6 @@ class Link(asyncio.Protocol):
         self._packer = msgpack.Packer(use_bin_type=True)
         self._out: list[bytes] = []
         self._flush_scheduled = False
-        self.frames_sent = 0
-        self.frames_received = 0
         self.blocked = False  # the peer is not taking our data as fast as we send it
         self.on_blocked: Callable[[Link, bool], None] | None = None
 
@@ -71,7 +70,6 @@ class Link(asyncio.Protocol):
         self._unpacker.feed(data)
         try:
             for frame in self._unpacker:
-                self.frames_received += 1
                 if isinstance(frame, list) and frame and frame[0] == _HELLO:
                     self.peer = str(frame[1])
                     continue
@@ -91,7 +89,6 @@ class Link(asyncio.Protocol):
 
     def send(self, frame: Any) -> None:
         self._out.append(self._packer.pack(frame))
-        self.frames_sent += 1
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -116,7 +113,6 @@ class _Peer:
         self.link: Link | None = None
         self.backlog: list[Any] = []
         self.connecting: asyncio.Task[None] | None = None
-        self.dropped = 0
 
 
 class Links:
@@ -172,9 +168,6 @@ class Links:
         if peer.link is not None:
             peer.link.close()
 
-    def peers(self) -> list[str]:
-        return list(self._peers)
-
     def blocked(self, node_id: str) -> bool:
         peer = self._peers.get(node_id)
         return peer is not None and peer.link is not None and peer.link.blocked
@@ -189,7 +182,6 @@ class Links:
             link.send(frame)
             return True
         if len(peer.backlog) >= MAX_PENDING_FRAMES:
-            peer.dropped += 1
             return False
         peer.backlog.append(frame)
         if peer.connecting is None and not self._closed:
@@ -202,13 +194,13 @@ class Links:
             while not self._closed and self._peers.get(node_id) is peer:
                 try:
                     _, link = await loop.create_connection(
-                        lambda: Link(self.node_id, self.on_frame, lambda _: None), *peer.addr
+                        lambda: Link(self.node_id, self.on_frame, partial(self._lost, peer)),
+                        *peer.addr,
                     )
                 except OSError as exc:
                     log.debug("link to %s at %s: %s", node_id, peer.addr, exc)
                     await asyncio.sleep(RECONNECT_DELAY_S)
                     continue
-                link.on_lost = lambda lost, peer=peer: self._lost(peer, lost)
                 link.on_blocked = self.on_blocked
                 peer.link = link
                 backlog, peer.backlog = peer.backlog, []

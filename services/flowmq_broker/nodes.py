@@ -1,8 +1,8 @@
 """This broker's entry in the meta store's node table, kept fresh by a heartbeat.
 
-The cluster issue replaces liveness by SWIM gossip; until then the table is what
-``GET /api/v1/cluster/nodes`` shows, and a node whose heartbeat is older than
-``STALE_AFTER_S`` is reported as ``down``.
+Gossip says which nodes are alive; the table adds what a node tells about itself (roles,
+ports, start time), and for nodes gossip does not know — and for a broker starting up, before
+gossip has converged — a heartbeat older than ``STALE_AFTER_S`` means ``down``.
 """
 
 from __future__ import annotations

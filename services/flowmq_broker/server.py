@@ -167,19 +167,20 @@ class Broker:
         """A change was committed through this broker: apply it, then tell the cluster."""
         assert self.sync is not None
         await self.sync.refresh()
+        self._announce(METADATA_EVENT, {"version": self.router.version})
+
+    def _announce(self, kind: str, payload: dict[str, Any]) -> None:
         if self.gossip is not None:
-            self.gossip.broadcast(METADATA_EVENT, {"version": self.router.version})
+            self.gossip.broadcast(kind, payload)
             metrics.gossip_events_originated_count.inc()
 
     def _gossip_event(self, kind: str, payload: dict[str, Any], hops: int, origin: str) -> None:
         if self._ignore_events:
             return
         metrics.gossip_event_propagation_hops_count.inc(hops)
-        newer = payload.get("version", 0) > self.router.version
         if kind == ROUTES_EVENT and self.cluster is not None:
             self.cluster.routes_announced(origin, payload["token"], payload["seq"])
-            return
-        if kind == METADATA_EVENT and newer and self.sync is not None:
+        elif kind == METADATA_EVENT and payload.get("version", 0) > self.router.version:
             asyncio.get_running_loop().create_task(self._refresh_quietly())
 
     async def _refresh_quietly(self) -> None:
@@ -329,9 +330,7 @@ class Broker:
     def _announce_routes(self, token: str, seq: int) -> None:
         """Route changes are pushed to peers over the links; gossip tells them too, so a
         peer the push missed catches up within a gossip round rather than at anti-entropy."""
-        if self.gossip is not None:
-            self.gossip.broadcast(ROUTES_EVENT, {"token": token, "seq": seq})
-            metrics.gossip_events_originated_count.inc()
+        self._announce(ROUTES_EVENT, {"token": token, "seq": seq})
 
     def _live_peers(self) -> list[tuple[str, str, int | None]]:
         """Live gossip members with the address of their inter-broker link."""

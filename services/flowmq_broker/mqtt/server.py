@@ -19,7 +19,7 @@ import flowmq_metrics as metrics
 from flowmq_broker.cluster import decode_message, encode_message
 from flowmq_broker.mqtt.offline import OfflineStore
 from flowmq_broker.mqtt.retained import RetainedStore
-from flowmq_broker.mqtt.session import NEVER_EXPIRES, Session, Subscription
+from flowmq_broker.mqtt.session import MAX_QUEUED, NEVER_EXPIRES, Session, Subscription
 from flowmq_broker.nodes import read_node_table
 from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_core.message import Message
@@ -181,40 +181,33 @@ class MqttServer:
         ]
 
     def bind(self, session: Session, sub: Subscription) -> None:
-        cluster = self.router.cluster
+        """Route ``sub`` to ``session``: one binding per client, or one per shared group
+        with the session among its members; and announce the filter to the cluster."""
+        ns, name = session.namespace, sub.subscribed_filter
         if sub.shared_group is None:
-            self.router.bind(
-                Binding(SUBSCRIPTION, session.namespace, session.client_id), sub.topic_filter
-            )
-            if cluster is not None:
-                cluster.local_added(session.namespace, sub.topic_filter)
-            return
-        name = f"$share/{sub.shared_group}/{sub.topic_filter}"
-        if cluster is not None:
-            cluster.local_added(session.namespace, name)
-        members = self.shared_groups.setdefault((session.namespace, name), [])
-        if session.client_id not in members:
-            members.append(session.client_id)
-        self.router.bind(Binding(SHARED, session.namespace, name), sub.topic_filter)
+            binding = Binding(SUBSCRIPTION, ns, session.client_id)
+        else:
+            binding = Binding(SHARED, ns, name)
+            members = self.shared_groups.setdefault((ns, name), [])
+            if session.client_id not in members:
+                members.append(session.client_id)
+        self.router.bind(binding, sub.topic_filter)
+        if self.router.cluster is not None:
+            self.router.cluster.local_added(ns, name)
 
     def unbind(self, session: Session, sub: Subscription) -> None:
-        cluster = self.router.cluster
+        ns, name = session.namespace, sub.subscribed_filter
+        if self.router.cluster is not None:
+            self.router.cluster.local_removed(ns, name)
         if sub.shared_group is None:
-            self.router.unbind(
-                Binding(SUBSCRIPTION, session.namespace, session.client_id), sub.topic_filter
-            )
-            if cluster is not None:
-                cluster.local_removed(session.namespace, sub.topic_filter)
+            self.router.unbind(Binding(SUBSCRIPTION, ns, session.client_id), sub.topic_filter)
             return
-        name = f"$share/{sub.shared_group}/{sub.topic_filter}"
-        if cluster is not None:
-            cluster.local_removed(session.namespace, name)
-        members = self.shared_groups.get((session.namespace, name), [])
+        members = self.shared_groups.get((ns, name), [])
         if session.client_id in members:
             members.remove(session.client_id)
         if not members:
-            self.shared_groups.pop((session.namespace, name), None)
-            self.router.unbind(Binding(SHARED, session.namespace, name), sub.topic_filter)
+            self.shared_groups.pop((ns, name), None)
+            self.router.unbind(Binding(SHARED, ns, name), sub.topic_filter)
 
     def discard_session(
         self, session: Session, *, forget: bool = True, redistribute: bool = True
@@ -525,8 +518,6 @@ def session_enqueue(
     identifiers: list[int],
     shared: str | None = None,
 ) -> None:
-    from flowmq_broker.mqtt.session import MAX_QUEUED
-
     if len(session.queue) >= MAX_QUEUED:
         session.queue.popleft()
         mqtt_metrics(session.namespace).dropped.inc()
@@ -569,7 +560,6 @@ class _SharedType(DestinationType):
         members = server.shared_groups.get((binding.namespace, binding.name))
         if not members:
             return None
-        group_filter = binding.name[len("$share/") :]
         # Round robin over online members; an offline persistent member only when no one is on.
         start = next(server._shared_turn)
         chosen = None
@@ -582,7 +572,7 @@ class _SharedType(DestinationType):
                 chosen = session
         if chosen is None:
             return None
-        sub = chosen.subscriptions.get("$share/" + group_filter)
+        sub = chosen.subscriptions.get(binding.name)
         if sub is not None:
             return server.deliver(chosen, message, [sub], binding.name)
         return None

@@ -34,6 +34,14 @@ class Subscription:
     identifier: int | None = None
     shared_group: str | None = None
 
+    @property
+    def subscribed_filter(self) -> str:
+        """The filter as the client gave it: ``$share/<group>/<filter>`` for a shared one.
+        It keys the session's subscriptions, names a shared group and is the route filter."""
+        if self.shared_group is None:
+            return self.topic_filter
+        return f"$share/{self.shared_group}/{self.topic_filter}"
+
 
 @dataclasses.dataclass(slots=True)
 class Outgoing:
@@ -110,12 +118,7 @@ class Session:
                 item.get("identifier"),
                 item.get("shared_group"),
             )
-            full = (
-                f"$share/{sub.shared_group}/{sub.topic_filter}"
-                if sub.shared_group
-                else sub.topic_filter
-            )
-            session.subscriptions[full] = sub
+            session.subscriptions[sub.subscribed_filter] = sub
         session.subscriptions_changed()
         session.stored = True
         return session

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import struct
-
 from pamqp import base, commands, encode
 
-from flowmq_wire.amqp.frames import SyntaxError_, method_frame, method_index
-
-_METHOD_ID = struct.Struct(">I")
+from flowmq_wire.amqp.frames import _METHOD_ID, SyntaxError_, method_frame, method_index
 
 
 class UnknownMethod(Exception):

@@ -180,8 +180,7 @@ class MqttDecoder:
         CONNECT that fails later can still be answered in the right version."""
         self.connected = protocol_level is not None
         """True once a CONNECT has been decoded completely (always True client-side)."""
-        self._limit = MAX_PACKET_SIZE
-        self.max_packet_size = max_packet_size
+        self.max_packet_size = max_packet_size  # sets _limit
         self._tail = bytearray()
         self._need = 0
 

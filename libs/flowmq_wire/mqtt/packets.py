@@ -340,26 +340,26 @@ class Pingresp(Packet):
     TYPE = PINGRESP
 
 
-class Disconnect(Packet):
+class _ReasonAndProperties(Packet):
+    __slots__ = ("reason_code", "properties")
+
+    def __init__(self, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES) -> None:
+        self.reason_code = reason_code
+        self.properties = properties
+
+
+class Disconnect(_ReasonAndProperties):
     """DISCONNECT (v5 may carry a reason code and properties; 3.1.1 only the client sends it)."""
 
-    __slots__ = ("reason_code", "properties")
+    __slots__ = ()
     TYPE = DISCONNECT
 
-    def __init__(self, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES) -> None:
-        self.reason_code = reason_code
-        self.properties = properties
 
-
-class Auth(Packet):
+class Auth(_ReasonAndProperties):
     """AUTH (v5 only): enhanced authentication exchange."""
 
-    __slots__ = ("reason_code", "properties")
+    __slots__ = ()
     TYPE = AUTH
-
-    def __init__(self, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES) -> None:
-        self.reason_code = reason_code
-        self.properties = properties
 
 
 PINGREQ_PACKET = Pingreq()

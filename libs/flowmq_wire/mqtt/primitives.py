@@ -104,10 +104,3 @@ def decode_binary(buf: bytes, pos: int, end: int) -> tuple[bytes, int]:
     if stop > end:
         raise MalformedPacket("binary data runs past the end of the packet")
     return buf[start:stop], stop
-
-
-def decode_u16(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    """Two-byte big-endian integer."""
-    if pos + 2 > end:
-        raise MalformedPacket("two-byte integer runs past the end of the packet")
-    return (buf[pos] << 8) | buf[pos + 1], pos + 2

@@ -49,6 +49,7 @@ from flowmq_wire.mqtt.primitives import (
     encode_vbi,
     pack_u16,
     pack_u32,
+    unpack_u32_from,
 )
 
 BYTE, U16, U32, VBI, STRING, BINARY, PAIR = range(7)
@@ -195,7 +196,7 @@ def decode_properties(buf: bytes, pos: int, end: int, ptype: int) -> tuple[Prope
         elif kind == U32:
             if pos + 4 > stop:
                 raise MalformedPacket("property value runs past the property length")
-            value = int.from_bytes(buf[pos : pos + 4], "big")
+            value = unpack_u32_from(buf, pos)[0]
             pos += 4
         elif kind == VBI:
             value, pos = decode_vbi(buf, pos, stop)

@@ -22,9 +22,7 @@ from flowmq_wire.mqtt import (
 )
 from flowmq_wire.mqtt import reason_codes as rc
 
-
-def h(text: str) -> bytes:
-    return bytes.fromhex(text.replace(" ", ""))
+h = bytes.fromhex  # ignores the spaces between bytes
 
 
 def pkt(b0: int, body: str) -> bytes:

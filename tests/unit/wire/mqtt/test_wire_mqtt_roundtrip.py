@@ -14,7 +14,6 @@ from wire_mqtt_strategies import (
 )
 
 from flowmq_wire.mqtt import (
-    EMPTY_PROPERTIES,
     Auth,
     Connack,
     Connect,
@@ -129,7 +128,7 @@ def test_encode_publish_and_prepared_match_encode(level: int, data: st.DataObjec
         )
         == expected
     )
-    if p.properties is EMPTY_PROPERTIES or not {"subscription_identifier"} & set(p.properties):
+    if "subscription_identifier" not in p.properties:
         prepared = PreparedPublish(p.topic, p.payload, p.properties, level)
         assert prepared.encode(p.qos, p.retain, p.dup, p.packet_id) == expected
         # Re-stamping the same prepared message for another subscriber stays consistent.

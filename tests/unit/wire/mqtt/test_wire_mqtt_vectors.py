@@ -293,10 +293,10 @@ def test_fixed_two_byte_packets() -> None:
 
 def test_subscribe_options_encoding() -> None:
     opts = SubscriptionOptions(1, no_local=True, retain_as_published=True, retain_handling=2)
-    assert encode(Subscribe(1, [("a", opts)]), 5) == h("82 07 0001 00 0001 61 2d".replace(" ", ""))
-    assert encode(Subscribe(1, [("a", opts)]), 4) == h("82 06 0001 0001 61 01".replace(" ", ""))
+    assert encode(Subscribe(1, [("a", opts)]), 5) == h("82 07 0001 00 0001 61 2d")
+    assert encode(Subscribe(1, [("a", opts)]), 4) == h("82 06 0001 0001 61 01")
     # A bare int is taken as the options byte as is.
-    assert encode(Subscribe(1, [("a", 2)]), 4) == h("82 06 0001 0001 61 02".replace(" ", ""))  # type: ignore[list-item]
+    assert encode(Subscribe(1, [("a", 2)]), 4) == h("82 06 0001 0001 61 02")  # type: ignore[list-item]
 
 
 def test_level4_maps_v5_codes() -> None:

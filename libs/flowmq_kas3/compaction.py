@@ -129,7 +129,7 @@ async def _compact_run(
     faults: FaultHook | None,
 ) -> int:
     chunks = await read_chunks(objects, None, run)
-    body = b"".join(bytes(data) for _, data in chunks)
+    body = b"".join(data for _, data in chunks)
     merged = ChunkEntry(
         run[0].base_offset,
         key,

@@ -20,7 +20,7 @@ from flowmq_kas3.errors import OffsetOutOfRange
 from flowmq_kas3.index import ChunkEntry, Partition
 from flowmq_kas3.page_cache import PageCache
 from flowmq_kas3.reader import read_chunks
-from flowmq_kas3.records import BASE_OFFSET, decode_batch, summarize
+from flowmq_kas3.records import BASE_OFFSET, BatchesSummary, decode_batch, summarize
 from flowmq_kas3.segment import assemble_fetch, batch_offsets
 from flowmq_meta import MetaStore, Transaction, decode_int
 from flowmq_objstore import ObjectNotFound, ObjectStore
@@ -118,6 +118,7 @@ class StreamStore:
         records: bytes,
         *,
         on_commit: Callable[[Transaction, int], None] | None = None,
+        summary: BatchesSummary | None = None,
     ) -> asyncio.Future[int]:
         """Submit one produced record set (one or more whole v2 batches) and return the
         future of its base offset, resolved once durable.  Raises ``InvalidRecordBatch``
@@ -125,8 +126,10 @@ class StreamStore:
         request before awaiting any.  ``on_commit(tr, base_offset)`` runs inside the flush
         transaction that assigns the offsets (maybe more than once, if it retries), so state
         that must be exactly as durable as the records (an idempotent producer's sequence
-        numbers) is written with them."""
-        summary = summarize(records)
+        numbers) is written with them.  ``summary``: ``summarize(records)``, from a caller
+        that has already walked the batches (the Kafka adapter checks their CRCs)."""
+        if summary is None:
+            summary = summarize(records)
         return self.batcher.submit_grouped(
             (ns, stream, partition),
             records,

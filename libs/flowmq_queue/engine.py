@@ -445,44 +445,16 @@ class QueueEngine:
         lease_deadline = now + self.lease_ms
         ops, self._ops = self._ops, {}
         dead_done, self._dead_done = self._dead_done, []
-        settles: list[tuple[_Lease, Settle, QueueOptions]] = []
-        for lease, o in ops.items():
-            if lease.gone:
-                continue
-            settles.append(
-                (
-                    lease,
-                    Settle(
-                        lease.ns,
-                        lease.queue,
-                        lease.shard,
-                        lease.key,
-                        lease.run,
-                        frozenset(o.ack),
-                        frozenset(o.requeue),
-                        frozenset(o.release),
-                        frozenset(o.dead),
-                        lease_deadline if self._renewal_due(lease, now) else None,
-                    ),
-                    self.options(lease.ns, lease.queue) or QueueOptions(),
-                )
-            )
-        for lease in self._leases.values():
-            if lease not in ops and not lease.gone and self._renewal_due(lease, now):
-                settles.append(
-                    (
-                        lease,
-                        Settle(
-                            lease.ns,
-                            lease.queue,
-                            lease.shard,
-                            lease.key,
-                            lease.run,
-                            new_deadline=lease_deadline,
-                        ),
-                        self.options(lease.ns, lease.queue) or QueueOptions(),
-                    )
-                )
+        settles = [
+            self._settle_entry(lease, o, lease_deadline if self._renewal_due(lease, now) else None)
+            for lease, o in ops.items()
+            if not lease.gone
+        ]
+        settles += [
+            self._settle_entry(lease, None, lease_deadline)
+            for lease in self._leases.values()
+            if lease not in ops and not lease.gone and self._renewal_due(lease, now)
+        ]
         claims = [] if self._closing else self._collect_claims()
         if not settles and not claims and not dead_done:
             return False
@@ -567,6 +539,26 @@ class QueueEngine:
         for lq, watch in result.watches:
             self._watch(lq, watch)
         return True
+
+    def _settle_entry(
+        self, lease: _Lease, o: _Ops | None, new_deadline: int | None
+    ) -> tuple[_Lease, Settle, QueueOptions]:
+        """What a round does with ``lease``: apply ``o`` and/or move its deadline."""
+        sets = (
+            ()
+            if o is None
+            else (frozenset(o.ack), frozenset(o.requeue), frozenset(o.release), frozenset(o.dead))
+        )
+        settle = Settle(
+            lease.ns,
+            lease.queue,
+            lease.shard,
+            lease.key,
+            lease.run,
+            *sets,
+            new_deadline=new_deadline,
+        )
+        return lease, settle, self.options(lease.ns, lease.queue) or QueueOptions()
 
     def _renewal_due(self, lease: _Lease, now: int) -> bool:
         return lease.run.deadline_ms - now < self.lease_ms // 2

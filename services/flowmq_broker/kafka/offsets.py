@@ -95,22 +95,17 @@ async def _group_offsets(
     server = ctx.server
     if not server.owns_group(group_id):
         return ErrorCode.NOT_COORDINATOR, []
-    if topics is None:
-        try:
-            found = await server.offsets.fetch(server.namespace, group_id)
-        except Exception as exc:
-            log.warning("kafka: cannot read the offsets of group %s: %s", group_id, exc)
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
-        by_topic: dict[str, list[tuple[int, CommittedOffset | None]]] = {}
-        for (stream, partition), committed in sorted(found.items()):
-            by_topic.setdefault(stream, []).append((partition, committed))
-        return ErrorCode.NONE, list(by_topic.items())
-    wanted = [(name, p) for name, parts in topics for p in parts]
+    wanted = None if topics is None else [(name, p) for name, parts in topics for p in parts]
     try:
         found = await server.offsets.fetch(server.namespace, group_id, wanted)
     except Exception as exc:
         log.warning("kafka: cannot read the offsets of group %s: %s", group_id, exc)
         return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+    if topics is None:
+        by_topic: dict[str, list[tuple[int, CommittedOffset | None]]] = {}
+        for (stream, partition), committed in sorted(found.items()):
+            by_topic.setdefault(stream, []).append((partition, committed))
+        return ErrorCode.NONE, list(by_topic.items())
     return ErrorCode.NONE, [
         (name, [(p, found.get((name, p))) for p in parts]) for name, parts in topics
     ]

@@ -26,7 +26,7 @@ from flowmq_core.errors import FlowMQError
 from flowmq_core.mapping import kafka_to_canonical
 from flowmq_core.message import Message
 from flowmq_kas3.errors import InvalidRecordBatch, Kas3Error
-from flowmq_kas3.records import crc_ok, decode_batches, iter_batches
+from flowmq_kas3.records import BatchesSummary, crc_ok, decode_batches, iter_batches
 from flowmq_meta.catalog import STREAM
 from flowmq_wire.kafka import ErrorCode
 
@@ -40,7 +40,6 @@ class _Part:
 
     __slots__ = (
         "batch",
-        "count",
         "error",
         "future",
         "index",
@@ -48,6 +47,7 @@ class _Part:
         "message",
         "offset",
         "records",
+        "summary",
         "verdict",
     )
 
@@ -57,7 +57,7 @@ class _Part:
         self.error: int = ErrorCode.NONE
         self.message: str | None = None
         self.offset = -1
-        self.count = 0
+        self.summary: BatchesSummary | None = None
         self.future: asyncio.Future[int] | None = None
         self.batch: ProducerBatch | None = None
         self.key: StateKey | None = None
@@ -68,17 +68,22 @@ class _Part:
         self.message = message
 
 
-def _validate(records: bytes) -> int:
-    """Offsets the chunk occupies; raises ``InvalidRecordBatch`` for bad framing or CRC."""
-    count = 0
+def _validate(records: bytes) -> BatchesSummary:
+    """What the store needs to know about the chunk (``StreamStore.append_nowait`` takes it
+    instead of parsing the batches again); raises ``InvalidRecordBatch`` for bad framing or
+    CRC."""
+    count = batches = 0
+    max_ts = -1
     view = memoryview(records)
     for info in iter_batches(records):
         if not crc_ok(view[info.position : info.position + info.size]):
             raise InvalidRecordBatch(f"record batch at byte {info.position} fails its CRC")
         count += info.offset_count
+        max_ts = max(max_ts, info.max_timestamp)
+        batches += 1
     if count == 0:
         raise InvalidRecordBatch("empty record set")
-    return count
+    return BatchesSummary(count, max_ts, batches)
 
 
 def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]], list[str]]:
@@ -117,7 +122,7 @@ def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]],
                 part.fail(ErrorCode.CORRUPT_MESSAGE, "no records")
                 continue
             try:
-                part.count = _validate(part.records)
+                part.summary = _validate(part.records)
                 part.batch = producer_batch(part.records)
             except InvalidRecordBatch as exc:
                 part.fail(ErrorCode.CORRUPT_MESSAGE, str(exc))
@@ -268,7 +273,9 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
             if part.key is not None:
                 hook, track = producers.accept(part.key, part.batch)  # type: ignore[arg-type]
             try:
-                fut = streams.append_nowait(ns, name, part.index, part.records, on_commit=hook)
+                fut = streams.append_nowait(
+                    ns, name, part.index, part.records, on_commit=hook, summary=part.summary
+                )
             except Kas3Error as exc:
                 part.fail(ErrorCode.KAFKA_STORAGE_ERROR, str(exc))
                 if track is not None:
@@ -279,7 +286,7 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
             if track is not None:
                 track(fut)
             part.future = fut
-            in_records += part.count
+            in_records += part.summary.offset_count  # type: ignore[union-attr]
             in_bytes += len(part.records)
     if in_records:
         metrics.kafka_messages_in_count.labels(ns).inc(in_records)

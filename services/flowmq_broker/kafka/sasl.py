@@ -52,25 +52,25 @@ def _check_plain(conn: KafkaConnection, token: bytes) -> str | None:
     return name
 
 
+def _refuse(ctx: RequestContext, code: int, message: str) -> Any:
+    """Answer a failed SaslAuthenticate, then close the connection."""
+    ctx.conn.close_after_answers()
+    return ctx.response(
+        error_code=code, error_message=message, auth_bytes=b"", session_lifetime_ms=0
+    )
+
+
 def handle_sasl_authenticate(ctx: RequestContext, req: Any) -> Any:
     conn = ctx.conn
     if conn.sasl_mechanism is None or conn.user is not None:
-        conn.close_after_answers()
-        return ctx.response(
-            error_code=ErrorCode.ILLEGAL_SASL_STATE,
-            error_message="SaslAuthenticate before SaslHandshake",
-            auth_bytes=b"",
-            session_lifetime_ms=0,
-        )
+        return _refuse(ctx, ErrorCode.ILLEGAL_SASL_STATE, "SaslAuthenticate before SaslHandshake")
     user = _check_plain(conn, bytes(req.auth_bytes or b""))
     if user is None:
         log.info("kafka %s: SASL PLAIN authentication failed", conn.peer)
-        conn.close_after_answers()
-        return ctx.response(
-            error_code=ErrorCode.SASL_AUTHENTICATION_FAILED,
-            error_message="Authentication failed: invalid user name or password",
-            auth_bytes=b"",
-            session_lifetime_ms=0,
+        return _refuse(
+            ctx,
+            ErrorCode.SASL_AUTHENTICATION_FAILED,
+            "Authentication failed: invalid user name or password",
         )
     conn.user = user
     return ctx.response(

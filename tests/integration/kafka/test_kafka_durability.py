@@ -13,9 +13,9 @@ from tests.fixtures.broker_process import start_broker
 from tests.integration.kafka.conftest import RawKafka, confluent_conf
 from tests.integration.kafka.test_kafka_clients import create
 from tests.integration.kafka.test_kafka_protocol import (
-    INIT_PRODUCER_ID,
     _idempotent_batch,
     fetch,
+    init_producer_id,
     produce,
 )
 
@@ -58,14 +58,7 @@ def test_acknowledged_records_and_offsets_survive_sigkill(tmp_path, uid) -> None
         committer.close()
         # An idempotent batch whose "retry" comes after the restart.
         raw = RawKafka(broker.ports["kafka"])
-        pid = raw.request(
-            INIT_PRODUCER_ID,
-            4,
-            transactional_id=None,
-            transaction_timeout_ms=1000,
-            producer_id=-1,
-            producer_epoch=-1,
-        ).producer_id
+        pid = init_producer_id(raw, timeout_ms=1000).producer_id
         batch = _idempotent_batch(pid, 0, 0, [b"once"])
         first = produce(raw, topic, 0, batch).responses[0].partition_responses[0].base_offset
         raw.close()

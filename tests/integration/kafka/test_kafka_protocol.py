@@ -7,13 +7,14 @@ from __future__ import annotations
 import socket
 import struct
 import time
+from typing import Any
 
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from flowmq_kas3.records import build_batch
 from flowmq_wire.kafka import REQUEST_CLASSES, ErrorCode
-from tests.integration.kafka.conftest import RawKafka, metric
+from tests.integration.kafka.conftest import RawKafka, metric, wait_until
 
 API_VERSIONS, PRODUCE, FETCH, LIST_OFFSETS, METADATA = 18, 0, 1, 2, 3
 INIT_PRODUCER_ID, CREATE_TOPICS = 22, 19
@@ -68,20 +69,12 @@ def produce(
     )
 
 
-def fetch(
-    client: RawKafka,
-    topic: str,
-    partition: int,
-    offset: int,
-    *,
-    max_wait_ms: int = 0,
-    version: int = 12,
-):
-    cls = REQUEST_CLASSES[FETCH][version]
-    topic_cls = cls.FetchTopic
-    response = client.request(
-        FETCH,
-        version,
+def fetch_args(
+    topic: str, partition: int, offset: int, *, max_wait_ms: int = 0, version: int = 12
+) -> dict[str, Any]:
+    """The fields of a one-partition Fetch request."""
+    topic_cls = REQUEST_CLASSES[FETCH][version].FetchTopic
+    return dict(
         replica_id=-1,
         max_wait_ms=max_wait_ms,
         min_bytes=1,
@@ -107,6 +100,19 @@ def fetch(
         forgotten_topics_data=[],
         rack_id="",
     )
+
+
+def fetch(
+    client: RawKafka,
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    max_wait_ms: int = 0,
+    version: int = 12,
+):
+    args = fetch_args(topic, partition, offset, max_wait_ms=max_wait_ms, version=version)
+    response = client.request(FETCH, version, **args)
     return response.responses[0].partitions[0]
 
 
@@ -274,38 +280,9 @@ def test_fetch_out_of_range_unknown_and_long_poll(broker, raw, uid) -> None:
     assert time.monotonic() - started >= 0.25
     # ... and returns as soon as data arrives.
     waiter = raw()
-    cls = REQUEST_CLASSES[FETCH][12]
-    topic_cls = cls.FetchTopic
-    waiter.send(
-        FETCH,
-        12,
-        replica_id=-1,
-        max_wait_ms=10_000,
-        min_bytes=1,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=[
-            topic_cls(
-                topic=topic,
-                partitions=[
-                    topic_cls.FetchPartition(
-                        partition=0,
-                        current_leader_epoch=-1,
-                        fetch_offset=1,
-                        last_fetched_epoch=-1,
-                        log_start_offset=-1,
-                        partition_max_bytes=1 << 20,
-                    )
-                ],
-            )
-        ],
-        forgotten_topics_data=[],
-        rack_id="",
-    )
-    time.sleep(0.2)
-    assert metric(broker, "broker_stream_subscriptions") >= 1  # the waiting fetcher
+    waiter.send(FETCH, 12, **fetch_args(topic, 0, 1, max_wait_ms=10_000))
+    # the waiting fetcher
+    assert wait_until(lambda: metric(broker, "broker_stream_subscriptions") >= 1)
     started = time.monotonic()
     produce(client, topic, 0, build_batch([(None, b"v2", [], int(time.time() * 1000))]))
     got = waiter.recv(FETCH, 12).responses[0].partitions[0]
@@ -313,6 +290,20 @@ def test_fetch_out_of_range_unknown_and_long_poll(broker, raw, uid) -> None:
     assert got.high_watermark == 2 and got.records
     assert metric(broker, 'kafka_messages_out_count{namespace="default"}') >= 1
     assert metric(broker, 'kafka_requests_count{api="Fetch"}') >= 5
+
+
+def init_producer_id(
+    client: RawKafka, pid: int = -1, epoch: int = -1, *, timeout_ms: int = 60000
+) -> Any:
+    """InitProducerId v4: a new producer id, or with ``pid``/``epoch`` a bumped epoch."""
+    return client.request(
+        INIT_PRODUCER_ID,
+        4,
+        transactional_id=None,
+        transaction_timeout_ms=timeout_ms,
+        producer_id=pid,
+        producer_epoch=epoch,
+    )
 
 
 def _idempotent_batch(pid: int, epoch: int, seq: int, values: list[bytes]) -> bytes:
@@ -335,14 +326,7 @@ def test_idempotent_producer_duplicates_and_gaps(raw, uid) -> None:
     client = raw()
     topic = f"idem-{uid}"
     create_topic(client, topic)
-    pid_response = client.request(
-        INIT_PRODUCER_ID,
-        4,
-        transactional_id=None,
-        transaction_timeout_ms=60000,
-        producer_id=-1,
-        producer_epoch=-1,
-    )
+    pid_response = init_producer_id(client)
     assert pid_response.error_code == 0
     pid = pid_response.producer_id
 
@@ -361,14 +345,7 @@ def test_idempotent_producer_duplicates_and_gaps(raw, uid) -> None:
     assert send(5, [b"x"])[0] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER  # a gap
     assert send(3, [b"d"]) == (0, 3)
     # A bumped epoch restarts the sequence; the old epoch is fenced.
-    bumped = client.request(
-        INIT_PRODUCER_ID,
-        4,
-        transactional_id=None,
-        transaction_timeout_ms=60000,
-        producer_id=pid,
-        producer_epoch=0,
-    )
+    bumped = init_producer_id(client, pid, 0)
     assert (bumped.producer_id, bumped.producer_epoch) == (pid, 1)
     assert send(0, [b"e"], epoch=1) == (0, 4)
     assert send(4, [b"f"], epoch=0)[0] == ErrorCode.INVALID_PRODUCER_EPOCH
@@ -394,14 +371,7 @@ def test_pipelined_batches_of_a_new_producer_keep_their_order(raw, uid) -> None:
     client = raw()
     topic = f"pipeline-{uid}"
     create_topic(client, topic, 2)
-    pid = client.request(
-        INIT_PRODUCER_ID,
-        4,
-        transactional_id=None,
-        transaction_timeout_ms=60000,
-        producer_id=-1,
-        producer_epoch=-1,
-    ).producer_id
+    pid = init_producer_id(client).producer_id
     cls = REQUEST_CLASSES[PRODUCE][9]
     data = cls.TopicProduceData
     sent = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -34,11 +35,20 @@ async def read_setting(meta: CountingMetaStore, tag: str) -> bytes | None:
     return await meta.inner.get(SETTINGS.pack("test", tag))
 
 
+async def started_batcher(
+    meta: CountingMetaStore, objects: CountingObjectStore, **kwargs: Any
+) -> GroupCommitBatcher:
+    """A started batcher that flushes only when told to, unless ``kwargs`` say otherwise."""
+    kwargs = {"size_threshold": 1 << 30, "flush_interval": 3600, **kwargs}
+    batcher = GroupCommitBatcher(meta, objects, **kwargs)
+    await batcher.start()
+    return batcher
+
+
 async def test_one_put_and_one_transaction_per_flush_for_many_groups(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
-    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
-    await batcher.start()
+    batcher = await started_batcher(meta, objects)
     puts, txns = objects.puts, meta.transactions
     futures = [
         batcher.submit(("ns", f"s{g % 50}", g % 7), f"chunk-{g}".encode(), recording_commit(str(g)))
@@ -69,8 +79,7 @@ async def test_one_put_and_one_transaction_per_flush_for_many_groups(
 async def test_flushes_under_load_cost_one_put_and_one_transaction_each(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
-    batcher = GroupCommitBatcher(meta, objects, size_threshold=64 * 1024, flush_interval=0.002)
-    await batcher.start()
+    batcher = await started_batcher(meta, objects, size_threshold=64 * 1024, flush_interval=0.002)
     puts, txns = objects.puts, meta.transactions
 
     async def producer(n: int) -> None:
@@ -88,8 +97,7 @@ async def test_flushes_under_load_cost_one_put_and_one_transaction_each(
 async def test_flush_by_size_does_not_wait_for_the_interval(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
-    batcher = GroupCommitBatcher(meta, objects, size_threshold=10_000, flush_interval=3600)
-    await batcher.start()
+    batcher = await started_batcher(meta, objects, size_threshold=10_000)
     small = batcher.submit("g", b"a" * 4000, recording_commit("a"))
     await asyncio.sleep(0.05)  # gives a wrongly eager batcher the chance to flush early
     assert not small.done() and batcher.stats.flushes == 0
@@ -104,8 +112,7 @@ async def test_flush_by_time_when_below_the_size_threshold(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
     interval = 0.05
-    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=interval)
-    await batcher.start()
+    batcher = await started_batcher(meta, objects, flush_interval=interval)
     started = time.monotonic()
     await asyncio.wait_for(batcher.write("g", b"tiny", recording_commit("t")), 5)
     assert time.monotonic() - started >= interval * 0.9
@@ -116,8 +123,7 @@ async def test_flush_by_time_when_below_the_size_threshold(
 async def test_items_arriving_during_a_flush_wait_for_the_next(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
-    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=0.001)
-    await batcher.start()
+    batcher = await started_batcher(meta, objects, flush_interval=0.001)
     gate = asyncio.Event()
     objects.put_gate = gate
     first = batcher.submit("g", b"first", recording_commit("first"))
@@ -139,8 +145,7 @@ async def test_items_arriving_during_a_flush_wait_for_the_next(
 async def test_failed_put_fails_every_waiter_and_acknowledges_nothing(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
-    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
-    await batcher.start()
+    batcher = await started_batcher(meta, objects)
     objects.fail_puts = 1
     futures = [batcher.submit(i % 3, b"data", recording_commit(f"f{i}")) for i in range(9)]
     await batcher.flush()
@@ -160,10 +165,7 @@ async def test_failed_transaction_fails_every_waiter_and_leaves_no_orphan(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
     now = [1_000_000_000]
-    batcher = GroupCommitBatcher(
-        meta, objects, size_threshold=1 << 30, flush_interval=3600, clock=lambda: now[0]
-    )
-    await batcher.start()
+    batcher = await started_batcher(meta, objects, clock=lambda: now[0])
     meta.fail_transactions = 1
     futures = [batcher.submit(i % 3, b"data", recording_commit(f"f{i}")) for i in range(9)]
     await batcher.flush()
@@ -191,8 +193,7 @@ async def test_failed_transaction_fails_every_waiter_and_leaves_no_orphan(
 async def test_a_commit_raising_fails_the_whole_flush(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
-    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
-    await batcher.start()
+    batcher = await started_batcher(meta, objects)
 
     def bad(tr: Transaction, key: str, start: int, end: int) -> None:
         raise ValueError("rejected")
@@ -211,8 +212,7 @@ async def test_a_commit_raising_fails_the_whole_flush(
 async def test_refs_follow_what_commits_report(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
-    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
-    await batcher.start()
+    batcher = await started_batcher(meta, objects)
 
     def commit_declining(tr: Transaction, key: str, start: int, end: int) -> WithRefs:
         return WithRefs(key, 0)  # e.g. a duplicate the commit chose not to index
@@ -240,10 +240,7 @@ async def test_a_claimed_intent_fails_the_flush(
     """If GC claimed the object key (lease expired during a stuck PUT), committing index
     entries would point them at an object being deleted: the flush fails instead."""
     now = [1_000_000_000]
-    batcher = GroupCommitBatcher(
-        meta, objects, size_threshold=1 << 30, flush_interval=3600, clock=lambda: now[0]
-    )
-    await batcher.start()
+    batcher = await started_batcher(meta, objects, clock=lambda: now[0])
     gate = asyncio.Event()
     objects.put_gate = gate
     fut = batcher.submit("g", b"data", recording_commit("x"))
@@ -269,8 +266,7 @@ async def test_a_claimed_intent_fails_the_flush(
 async def test_close_flushes_pending_and_releases_the_unused_intent(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
-    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
-    await batcher.start()
+    batcher = await started_batcher(meta, objects)
     fut = batcher.submit("g", b"data", recording_commit("c"))
     await batcher.close()
     assert fut.result()
@@ -297,8 +293,7 @@ class RecordingGroupCommit(GroupCommit):
 async def test_group_commit_is_called_once_per_group_per_flush(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
-    batcher = GroupCommitBatcher(meta, objects, size_threshold=1 << 30, flush_interval=3600)
-    await batcher.start()
+    batcher = await started_batcher(meta, objects)
     gc = RecordingGroupCommit()
     futures = [batcher.submit_grouped(f"g{i % 3}", f"<{i}>".encode(), gc, ctx=i) for i in range(9)]
     plain = batcher.submit("g0", b"<plain>", recording_commit("plain"))
@@ -324,10 +319,7 @@ async def test_a_flush_after_a_long_idle_period_renews_the_intent_first(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
     now = [1_000_000_000]
-    batcher = GroupCommitBatcher(
-        meta, objects, size_threshold=1 << 30, flush_interval=3600, clock=lambda: now[0]
-    )
-    await batcher.start()
+    batcher = await started_batcher(meta, objects, clock=lambda: now[0])
     now[0] += batcher.intent_lease_ms  # the first intent has expired meanwhile
     fut = batcher.submit("g", b"late", recording_commit("late"))
     await batcher.flush()

@@ -4,8 +4,10 @@ offsets, fetch, timestamps, long polls, restart."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -254,42 +256,46 @@ async def test_long_poll_on_any_of_several_partitions(stream_store: StreamStore)
     assert stream_store.waiting(NS, STREAM, 0) == 0
 
 
-async def test_long_poll_wakes_on_append_by_another_broker(tmp_path: Path, meta_url: str) -> None:
-    """Two brokers (own meta connection, batcher, store) on one SQLite file and object dir:
-    an append on A wakes a long poll on B through the meta store watch."""
+@contextlib.asynccontextmanager
+async def two_brokers(
+    tmp_path: Path, meta_url: str, *, flush_interval: float
+) -> AsyncIterator[tuple[StreamStore, StreamStore]]:
+    """The stream stores of brokers "a" and "b", each with its own meta connection, object
+    store and batcher, on one SQLite file and object directory."""
     objects_url = (tmp_path / "objects").as_uri()
     stacks = []
     for node in ("a", "b"):
         meta = open_meta_store(meta_url)
         objects = open_object_store(objects_url)
-        batcher = GroupCommitBatcher(meta, objects, node_id=node, flush_interval=0.002)
+        batcher = GroupCommitBatcher(meta, objects, node_id=node, flush_interval=flush_interval)
         stacks.append((meta, objects, batcher, StreamStore(meta, objects, batcher)))
-    a, b = stacks[0][3], stacks[1][3]
-    waiter = asyncio.ensure_future(b.wait_for_data(NS, STREAM, 0, 0, timeout=30))
-    while not b.waiting(NS, STREAM, 0):
-        await asyncio.sleep(0)
-    started = time.monotonic()
-    await a.append(NS, STREAM, 0, make_batch([b"remote"]))
-    assert await waiter is True
-    assert time.monotonic() - started < 5
-    records = decode_batches((await b.fetch(NS, STREAM, 0, 0, 1000)).records)
-    assert [r.value for r in records] == [b"remote"]
-    for meta, objects, batcher, _ in stacks:
-        await batcher.close()
-        await objects.close()
-        await meta.close()
+    try:
+        yield stacks[0][3], stacks[1][3]
+    finally:
+        for meta, objects, batcher, _ in stacks:
+            await batcher.close()
+            await objects.close()
+            await meta.close()
+
+
+async def test_long_poll_wakes_on_append_by_another_broker(tmp_path: Path, meta_url: str) -> None:
+    """Two brokers (own meta connection, batcher, store) on one SQLite file and object dir:
+    an append on A wakes a long poll on B through the meta store watch."""
+    async with two_brokers(tmp_path, meta_url, flush_interval=0.002) as (a, b):
+        waiter = asyncio.ensure_future(b.wait_for_data(NS, STREAM, 0, 0, timeout=30))
+        while not b.waiting(NS, STREAM, 0):
+            await asyncio.sleep(0)
+        started = time.monotonic()
+        await a.append(NS, STREAM, 0, make_batch([b"remote"]))
+        assert await waiter is True
+        assert time.monotonic() - started < 5
+        records = decode_batches((await b.fetch(NS, STREAM, 0, 0, 1000)).records)
+        assert [r.value for r in records] == [b"remote"]
 
 
 async def test_two_brokers_appending_to_the_same_partitions(tmp_path: Path, meta_url: str) -> None:
     """No partition leaders: both brokers append to every partition; offsets stay dense
     because each flush transaction reads and bumps the HWM (conflicts retry)."""
-    objects_url = (tmp_path / "objects").as_uri()
-    stacks = []
-    for node in ("a", "b"):
-        meta = open_meta_store(meta_url)
-        objects = open_object_store(objects_url)
-        batcher = GroupCommitBatcher(meta, objects, node_id=node, flush_interval=0.001)
-        stacks.append((meta, objects, batcher, StreamStore(meta, objects, batcher)))
     acked: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(3)}
 
     async def producer(store: StreamStore, name: str) -> None:
@@ -298,21 +304,18 @@ async def test_two_brokers_appending_to_the_same_partitions(tmp_path: Path, meta
             base = await store.append(NS, STREAM, i % 3, make_batch([value]))
             acked[i % 3].append((base, value))
 
-    await asyncio.gather(
-        *(
-            producer(stack[3], f"{node}{k}")
-            for stack, node in zip(stacks, "ab", strict=True)
-            for k in range(4)
+    async with two_brokers(tmp_path, meta_url, flush_interval=0.001) as stores:
+        await asyncio.gather(
+            *(
+                producer(store, f"{node}{k}")
+                for store, node in zip(stores, "ab", strict=True)
+                for k in range(4)
+            )
         )
-    )
-    for p in range(3):
-        assert sorted(o for o, _ in acked[p]) == list(range(len(acked[p])))
-        got = await read_all(stacks[0][3], p)
-        assert got == sorted(acked[p])
-    for meta, objects, batcher, _ in stacks:
-        await batcher.close()
-        await objects.close()
-        await meta.close()
+        for p in range(3):
+            assert sorted(o for o, _ in acked[p]) == list(range(len(acked[p])))
+            got = await read_all(stores[0], p)
+            assert got == sorted(acked[p])
 
 
 async def test_restart_keeps_every_acknowledged_record(tmp_path: Path, meta_url: str) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Hashable, Iterator
 from typing import Generic, TypeVar
 
 from flowmq_core.errors import InvalidFilter
-from flowmq_core.topics import SHARE_PREFIX, validate_filter
+from flowmq_core.topics import SHARE_PREFIX, is_wildcard, validate_filter
 
 D = TypeVar("D", bound=Hashable)
 
@@ -122,7 +122,7 @@ class RouteTrie(Generic[D]):
         """Bind ``dest`` to ``filter``; True if the binding is new."""
         self._check(filter)
         hash(dest)  # fail before creating nodes, not halfway through
-        wildcard = "+" in filter or "#" in filter
+        wildcard = is_wildcard(filter)
         if not wildcard:
             site = self._exact.get(filter)
             if site is None:
@@ -162,7 +162,7 @@ class RouteTrie(Generic[D]):
     def remove(self, filter: str, dest: D) -> bool:
         """Unbind ``dest`` from ``filter``; False if it was not bound. Empty nodes are freed."""
         self._check(filter)
-        if "+" not in filter and "#" not in filter:
+        if not is_wildcard(filter):
             site = self._exact.get(filter)
             if site is None or dest not in site.members:
                 return False

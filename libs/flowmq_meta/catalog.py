@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from flowmq_core.errors import AlreadyExists, FlowMQError, InvalidName, NameCollision, NotFound
@@ -32,6 +34,21 @@ QUEUE = "queue"
 DEFAULT_STREAM_RETENTION_MS = 7 * 24 * 3600 * 1000
 DEFAULT_QUEUE_SHARDS = 4
 DEFAULT_QUEUE_MAX_RETRIES = 5
+
+# The options a new destination starts from, before the settings its creator gives (admin API
+# body, AMQP x-arguments, Kafka topic configs).  Read-only: copy with ``dict(...)``.
+STREAM_DEFAULT_OPTIONS: Mapping[str, Any] = MappingProxyType(
+    {"partitions": 1, "retention_ms": DEFAULT_STREAM_RETENTION_MS, "retention_bytes": -1}
+)
+QUEUE_DEFAULT_OPTIONS: Mapping[str, Any] = MappingProxyType(
+    {
+        "max_size_mb": None,
+        "message_ttl_seconds": None,
+        "max_retries": DEFAULT_QUEUE_MAX_RETRIES,
+        "dead_letter_topic": None,
+        "shards": DEFAULT_QUEUE_SHARDS,
+    }
+)
 
 
 class NotEmpty(FlowMQError):
@@ -109,6 +126,12 @@ def _name_index_keys(dest: Destination) -> list[tuple[bytes, str]]:
         folded = dest.name.replace(".", "_")
         entries.append((keys.DESTINATION_NAMES.pack(dest.namespace, "kafka", folded), folded))
     return entries
+
+
+def _of_type(raw: bytes | None, dest_type: str) -> Destination | None:
+    """The destination stored as ``raw`` if there is one and it is of ``dest_type``."""
+    dest = None if raw is None else Destination.from_json(raw)
+    return dest if dest is not None and dest.type == dest_type else None
 
 
 class Catalog:
@@ -203,10 +226,9 @@ class Catalog:
         validate_destination(dest)
 
         def txn(tr: Transaction) -> Destination:
-            raw = tr.get(keys.DESTINATIONS.pack(dest.namespace, dest.name))
-            if raw is None or Destination.from_json(raw).type != dest.type:
+            current = _of_type(tr.get(keys.DESTINATIONS.pack(dest.namespace, dest.name)), dest.type)
+            if current is None:
                 raise NotFound(f"{dest.type} {dest.name!r} does not exist in {dest.namespace!r}")
-            current = Destination.from_json(raw)
             updated = dataclasses.replace(dest, created_at_ms=current.created_at_ms)
             updated.version = record_change(
                 tr, "destination.updated", {"namespace": dest.namespace, "name": dest.name}
@@ -217,9 +239,8 @@ class Catalog:
         return await self.store.transact(txn)
 
     async def get_destination(self, namespace: str, name: str, dest_type: str) -> Destination:
-        raw = await self.store.get(keys.DESTINATIONS.pack(namespace, name))
-        dest = None if raw is None else Destination.from_json(raw)
-        if dest is None or dest.type != dest_type:
+        dest = _of_type(await self.store.get(keys.DESTINATIONS.pack(namespace, name)), dest_type)
+        if dest is None:
             raise NotFound(f"{dest_type} {name!r} does not exist in namespace {namespace!r}")
         return dest
 
@@ -233,10 +254,9 @@ class Catalog:
 
     async def delete_destination(self, namespace: str, name: str, dest_type: str) -> None:
         def txn(tr: Transaction) -> None:
-            raw = tr.get(keys.DESTINATIONS.pack(namespace, name))
-            if raw is None or Destination.from_json(raw).type != dest_type:
+            dest = _of_type(tr.get(keys.DESTINATIONS.pack(namespace, name)), dest_type)
+            if dest is None:
                 raise NotFound(f"{dest_type} {name!r} does not exist in namespace {namespace!r}")
-            dest = Destination.from_json(raw)
             for key, _ in _name_index_keys(dest):
                 tr.clear(key)
             tr.clear(keys.DESTINATIONS.pack(namespace, name))

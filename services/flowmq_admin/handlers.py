@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -19,11 +19,10 @@ from flowmq_core.message import Message
 from flowmq_core.topics import validate_topic
 from flowmq_meta.catalog import (
     DEFAULT_NAMESPACE,
-    DEFAULT_QUEUE_MAX_RETRIES,
-    DEFAULT_QUEUE_SHARDS,
-    DEFAULT_STREAM_RETENTION_MS,
     QUEUE,
+    QUEUE_DEFAULT_OPTIONS,
     STREAM,
+    STREAM_DEFAULT_OPTIONS,
     Catalog,
     Destination,
     validate_namespace_name,
@@ -88,21 +87,31 @@ class DestinationResource:
     view: Callable[[Destination], dict[str, Any]]
 
 
+def _options(
+    defaults: Mapping[str, Any], body: dict[str, Any], current: Destination | None
+) -> dict[str, Any]:
+    """The current options (or a new destination's defaults) with the settings given in
+    ``body`` applied; the defaults' keys are the settings a body may change."""
+    options = dict(current.options if current else defaults)
+    options.update((key, body[key]) for key in defaults if key in body)
+    return options
+
+
+def _view(dest: Destination, filters: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": dest.name,
+        "namespace": dest.namespace,
+        **filters,
+        **dest.options,
+        "created_at_ms": dest.created_at_ms,
+        "version": dest.version,
+    }
+
+
 def _build_stream(
     namespace: str, name: str, body: dict[str, Any], current: Destination | None
 ) -> Destination:
-    options = (
-        dict(current.options)
-        if current
-        else {
-            "partitions": 1,
-            "retention_ms": DEFAULT_STREAM_RETENTION_MS,
-            "retention_bytes": -1,
-        }
-    )
-    for key in ("partitions", "retention_ms", "retention_bytes"):
-        if key in body:
-            options[key] = body[key]
+    options = _options(STREAM_DEFAULT_OPTIONS, body, current)
     if current and options["partitions"] < current.options["partitions"]:
         raise ApiError(
             "invalid_partitions",
@@ -116,33 +125,13 @@ def _build_stream(
 
 
 def _view_stream(dest: Destination) -> dict[str, Any]:
-    return {
-        "name": dest.name,
-        "namespace": dest.namespace,
-        "topic_filters": dest.topic_filters,
-        **dest.options,
-        "created_at_ms": dest.created_at_ms,
-        "version": dest.version,
-    }
+    return _view(dest, {"topic_filters": dest.topic_filters})
 
 
 def _build_queue(
     namespace: str, name: str, body: dict[str, Any], current: Destination | None
 ) -> Destination:
-    options = (
-        dict(current.options)
-        if current
-        else {
-            "max_size_mb": None,
-            "message_ttl_seconds": None,
-            "max_retries": DEFAULT_QUEUE_MAX_RETRIES,
-            "dead_letter_topic": None,
-            "shards": DEFAULT_QUEUE_SHARDS,
-        }
-    )
-    for key in ("max_size_mb", "message_ttl_seconds", "max_retries", "dead_letter_topic", "shards"):
-        if key in body:
-            options[key] = body[key]
+    options = _options(QUEUE_DEFAULT_OPTIONS, body, current)
     if options["dead_letter_topic"] is not None:
         validate_topic(options["dead_letter_topic"])
     if "topic_filter" in body:
@@ -155,14 +144,7 @@ def _build_queue(
 
 
 def _view_queue(dest: Destination) -> dict[str, Any]:
-    return {
-        "name": dest.name,
-        "namespace": dest.namespace,
-        "topic_filter": dest.topic_filters[0],
-        **dest.options,
-        "created_at_ms": dest.created_at_ms,
-        "version": dest.version,
-    }
+    return _view(dest, {"topic_filter": dest.topic_filters[0]})
 
 
 STREAMS = DestinationResource(

@@ -146,37 +146,44 @@ NAMESPACE: Schema = {
     "required": ["name"],
 }
 
-STREAM: Schema = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "namespace": {"type": "string"},
+
+def _destination(own: dict[str, Schema], *required: str) -> Schema:
+    """A destination as the handlers' views give it: identity, ``own`` fields, bookkeeping."""
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "namespace": {"type": "string"},
+            **own,
+            "created_at_ms": {"type": "integer"},
+            "version": {"type": "integer"},
+        },
+        "required": ["name", "namespace", *required],
+    }
+
+
+STREAM: Schema = _destination(
+    {
         "topic_filters": {"type": "array", "items": {"type": "string"}},
         "partitions": {"type": "integer"},
         "retention_ms": {"type": "integer"},
         "retention_bytes": {"type": "integer"},
-        "created_at_ms": {"type": "integer"},
-        "version": {"type": "integer"},
     },
-    "required": ["name", "namespace", "topic_filters", "partitions"],
-}
+    "topic_filters",
+    "partitions",
+)
 
-QUEUE: Schema = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "namespace": {"type": "string"},
+QUEUE: Schema = _destination(
+    {
         "topic_filter": {"type": "string"},
         "max_size_mb": {"type": ["integer", "null"]},
         "message_ttl_seconds": {"type": ["integer", "null"]},
         "max_retries": {"type": "integer"},
         "dead_letter_topic": {"type": ["string", "null"]},
         "shards": {"type": "integer"},
-        "created_at_ms": {"type": "integer"},
-        "version": {"type": "integer"},
     },
-    "required": ["name", "namespace", "topic_filter"],
-}
+    "topic_filter",
+)
 
 SUBSCRIPTION: Schema = {
     "type": "object",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import Any
@@ -17,9 +16,16 @@ from flowmq_admin.schemas import Schema
 _UNEXPECTED = re.compile(r"\('(.+)' (?:was|were) unexpected\)")
 
 
-@functools.cache
-def _validator(schema_id: int, schema_json: str) -> Draft202012Validator:
-    return Draft202012Validator(json.loads(schema_json))
+# id(schema) -> (schema, its validator).  The schemas are module constants built once, so a
+# lookup by identity is enough; keeping the schema in the entry keeps its id from being reused.
+_VALIDATORS: dict[int, tuple[Schema, Draft202012Validator]] = {}
+
+
+def _validator(schema: Schema) -> Draft202012Validator:
+    entry = _VALIDATORS.get(id(schema))
+    if entry is None or entry[0] is not schema:
+        entry = _VALIDATORS[id(schema)] = (schema, Draft202012Validator(schema))
+    return entry[1]
 
 
 def _describe(error: ValidationError) -> tuple[str, str]:
@@ -37,7 +43,7 @@ def _describe(error: ValidationError) -> tuple[str, str]:
 
 
 def validate(schema: Schema, value: Any) -> None:
-    validator = _validator(id(schema), json.dumps(schema, sort_keys=True))
+    validator = _validator(schema)
     errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
     if errors:
         problems = [_describe(error) for error in errors]

@@ -36,9 +36,8 @@ from flowmq_core.errors import (
 from flowmq_core.mapping import amqp_binding_filter, amqp_publish_topic, amqp_queue_filter
 from flowmq_core.message import Message
 from flowmq_meta.catalog import (
-    DEFAULT_QUEUE_MAX_RETRIES,
-    DEFAULT_QUEUE_SHARDS,
     QUEUE,
+    QUEUE_DEFAULT_OPTIONS,
     Destination,
     validate_queue_name,
 )
@@ -732,13 +731,7 @@ class Channel:
 
     def _queue_options(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         """Queue destination options from x-arguments (RabbitMQ's names where they exist)."""
-        options: dict[str, Any] = {
-            "max_size_mb": None,
-            "message_ttl_seconds": None,
-            "max_retries": DEFAULT_QUEUE_MAX_RETRIES,
-            "dead_letter_topic": None,
-            "shards": DEFAULT_QUEUE_SHARDS,
-        }
+        options = dict(QUEUE_DEFAULT_OPTIONS)
         try:
             if "x-message-ttl" in args:
                 options["message_ttl_seconds"] = max(

@@ -11,12 +11,12 @@ from typing import Any
 
 from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_core.message import Message
+from flowmq_queue.engine import DEFAULT_WINDOW
 
 SUBSCRIPTION = "amqp-subscription"
 # Messages kept for a queue whose consumers have no credit; beyond it the oldest are dropped
 # (a Subscription is not durable storage).
 MAX_BUFFERED = 100_000
-DEFAULT_WINDOW = 1000
 
 
 class MemConsumer:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
+
+from pamqp import commands
 
 from flowmq_broker.amqp.connection import AmqpConnection
 from flowmq_broker.amqp.exchanges import ExchangeRegistry
@@ -79,24 +82,22 @@ class AmqpServer:
 
     def cancel_consumers_of(self, q: MemoryQueue) -> None:
         """The memory queue is going away: Basic.Cancel to every consumer of it."""
-        for conn in list(self.connections):
-            for channel in list(conn.channels.values()):
-                for tag, c in list(channel.consumers.items()):
-                    if isinstance(c, MemConsumer) and c.queue is q:
-                        self._notify_cancel(channel, tag)
+        self._cancel_where(lambda c: isinstance(c, MemConsumer) and c.queue is q)
 
     def cancel_consumers_of_durable(self, ns: str, name: str) -> None:
+        """The Queue ``name`` of ``ns`` is going away: Basic.Cancel to every consumer of it."""
+        self._cancel_where(lambda c: not isinstance(c, MemConsumer) and c.queue == name, ns)
+
+    def _cancel_where(self, match: Callable[[Any], bool], ns: str | None = None) -> None:
+        """Cancel (and tell the client of) every consumer ``match`` picks, only on connections
+        to ``ns`` if given."""
         for conn in list(self.connections):
-            if conn.namespace != ns:
+            if ns is not None and conn.namespace != ns:
                 continue
             for channel in list(conn.channels.values()):
                 for tag, c in list(channel.consumers.items()):
-                    if not isinstance(c, MemConsumer) and c.queue == name:
-                        self._notify_cancel(channel, tag)
-
-    @staticmethod
-    def _notify_cancel(channel: Any, tag: str) -> None:
-        from pamqp import commands
-
-        channel.cancel_consumer(tag)
-        channel.conn.send(encode_method(channel.number, commands.Basic.Cancel(tag, True)))
+                    if match(c):
+                        channel.cancel_consumer(tag)
+                        channel.conn.send(
+                            encode_method(channel.number, commands.Basic.Cancel(tag, True))
+                        )

@@ -20,8 +20,8 @@ from flowmq_core.mapping import kafka_to_canonical, validate_kafka_topic_name
 from flowmq_kas3.retention import delete_partition
 from flowmq_meta.catalog import (
     DEFAULT_NAMESPACE,
-    DEFAULT_STREAM_RETENTION_MS,
     STREAM,
+    STREAM_DEFAULT_OPTIONS,
     Destination,
 )
 from flowmq_wire.kafka import ErrorCode
@@ -64,11 +64,7 @@ def options_from_configs(
     """Stream options from CreateTopics configs: the retention settings are kept, the
     settings with a fixed meaning here are checked, the rest (replication, segment sizes)
     have no effect on a Stream and are accepted as Kafka accepts them."""
-    options: dict[str, Any] = {
-        "partitions": partitions,
-        "retention_ms": DEFAULT_STREAM_RETENTION_MS,
-        "retention_bytes": -1,
-    }
+    options: dict[str, Any] = dict(STREAM_DEFAULT_OPTIONS, partitions=partitions)
     for name, value in configs:
         if name == "retention.ms":
             options["retention_ms"] = _int_config(name, value)

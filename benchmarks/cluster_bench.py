@@ -47,7 +47,6 @@ import shutil
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -96,24 +95,9 @@ class FlowMQCluster(mb.FlowMQ):
             cmd += ["--gossip-port", "0"]
             if gossip is not None:
                 cmd += ["--seeds", f"127.0.0.1:{gossip}"]
-            with open(log, "wb") as sink:
-                proc = subprocess.Popen(
-                    cmd,
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                    start_new_session=True,
-                    preexec_fn=mb._die_with_parent,
-                )
+            proc = mb.spawn_logged(cmd, log)
             self.procs.append(proc)
-            deadline = time.monotonic() + 60
-            while mb.READY_MARK not in log.read_text(errors="replace"):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{node} exited with {proc.returncode}:\n{log.read_text()}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{node} not ready in 60 s:\n{log.read_text()}")
-                time.sleep(0.05)
+            mb.wait_ready(proc, log, node)
             ports = json.loads((data / "ports.json").read_text())
             gossip = gossip or ports["gossip"]
             self.ports.append(ports["mqtt"])
@@ -750,6 +734,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{r['received']:,} lost {r['lost']:,}",
                         flush=True,
                     )
+                    # A fixed pause, as in mqtt_bench: let the brokers close the old
+                    # connections (mosquitto exposes no metric to poll for it).
                     time.sleep(0.5)
             for b in brokers.values():
                 b.stop()

@@ -98,6 +98,31 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def spawn_logged(cmd: list[str], log: Path) -> subprocess.Popen:
+    """Start ``cmd`` in its own session, output to ``log``, killed if this script dies."""
+    with open(log, "wb") as sink:
+        return subprocess.Popen(
+            cmd,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def wait_ready(proc: subprocess.Popen, log: Path, name: str, timeout: float = 60) -> None:
+    """Poll ``log`` until ``flowmq serve`` writes its ready line (its only readiness signal)."""
+    deadline = time.monotonic() + timeout
+    while READY_MARK not in log.read_text(errors="replace"):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} not ready in {timeout:.0f} s:\n{log.read_text()}")
+        time.sleep(0.05)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -180,24 +205,9 @@ class FlowMQ(Broker):
             for option in ("--http-port", "--mqtt-port", "--kafka-port", "--amqp-port"):
                 cmd += [option, "0"]
             cmd += ["--gossip-port", "0"]
-            with open(log, "wb") as sink:
-                proc = subprocess.Popen(
-                    cmd,
-                    stdout=sink,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
+            proc = spawn_logged(cmd, log)
             self.procs.append(proc)
-            deadline = time.monotonic() + 60
-            while READY_MARK not in log.read_text(errors="replace"):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"flowmq exited with {proc.returncode}:\n{log.read_text()}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"flowmq not ready in 60 s:\n{log.read_text()}")
-                time.sleep(0.05)
+            wait_ready(proc, log, "flowmq")
             ports = json.loads(ports_file.read_text())
             self.ports.append(ports["mqtt"])
             self.http.append(ports["http"])
@@ -711,7 +721,9 @@ def main(argv: list[str] | None = None) -> int:
                     else f"{_fmt_rate(r['rate'])} {load.metric}"
                 )
                 print(f"{shown}, sent {r['sent']:,} received {r['received']:,}", flush=True)
-                time.sleep(0.5)  # let the broker close the old connections
+                # A fixed pause: let the broker close the old connections (mosquitto exposes no
+                # connection metric to poll, so there is no common event to wait for).
+                time.sleep(0.5)
         print_report(loads, brokers, results, args)
         for b in brokers:
             problems = b.problems()

@@ -56,7 +56,7 @@ def main() -> None:
                 got = []
                 while len(got) < 2:
                     got += decoder.feed(s.recv(4096))
-            time.sleep(1.0)
+            time.sleep(1.0)  # deliberate: let set-up garbage settle before the loaded reading
             loaded = rss_kib(broker.proc.pid)
             per_connection = (loaded - idle) * 1024 / args.connections
             print(f"idle RSS {idle / 1024:.1f} MiB; with {args.connections} connections "

@@ -13,22 +13,18 @@ from flowmq_broker.server import IGNORE_EVENTS_ENV, Broker
 from flowmq_core.config import BrokerConfig
 from flowmq_meta.catalog import Destination
 from tests.fixtures.cluster import BrokerCluster, http, metric, wait_for
+from tests.fixtures.inprocess import broker_config
 
 
 def config(tmp_path, name: str, shared, seeds=()) -> BrokerConfig:
-    return BrokerConfig(
-        data_dir=str(tmp_path / name),
+    return broker_config(
+        tmp_path / name,
         node_id=name,
+        token="t",
         meta=f"sqlite:///{shared / 'meta.db'}",
         objects=(shared / "objects").as_uri(),
-        http_port=0,
-        mqtt_port=0,
-        kafka_port=0,
-        amqp_port=0,
-        gossip_port=0,
         seeds=list(seeds),
         roles=["admin"],
-        admin_token="t",
     )
 
 

@@ -10,12 +10,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pika
@@ -23,6 +20,8 @@ import pytest
 from pamqp import commands, frame, header
 
 from tests.fixtures.brokers import broker_fixtures, no_broker_tracebacks, uid  # noqa: F401
+from tests.fixtures.inprocess import broker_config
+from tests.fixtures.threaded_broker import ThreadedBroker
 
 HOST = "127.0.0.1"
 TIMEOUT = 10.0
@@ -164,63 +163,9 @@ def raw(broker) -> Iterator[Callable[[], RawAmqp]]:
 
 
 # --- an in-process broker ------------------------------------------------------------------
-class ThreadedBroker:
-    """An in-process Broker on its own event loop thread (blocking clients can be used)."""
-
-    def __init__(self, data_dir: Path) -> None:
-        from flowmq_broker.server import Broker
-        from flowmq_core.config import BrokerConfig
-
-        config = BrokerConfig(
-            data_dir=str(data_dir),
-            http_port=0,
-            mqtt_port=0,
-            kafka_port=0,
-            amqp_port=0,
-            gossip_port=0,
-            admin_token="test-token",
-            node_id="amqp-test",
-        )
-        self.broker = Broker(config)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    async def _main(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        try:
-            await self.broker.start()
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        await self._stop.wait()
-        await self.broker.stop()
-
-    def start(self) -> ThreadedBroker:
-        self._thread.start()
-        assert self._ready.wait(30), "in-process broker did not start"
-        if self._error is not None:
-            raise self._error
-        return self
-
-    def run(self, coro: Any) -> Any:
-        """Run a coroutine on the broker's loop and return its result."""
-        assert self.loop is not None
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(TIMEOUT)
-
-    def stop(self) -> None:
-        if self.loop is not None and self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-
-
 @pytest.fixture
 def inproc(tmp_path) -> Iterator[ThreadedBroker]:
-    tb = ThreadedBroker(tmp_path / "data").start()
+    config = broker_config(tmp_path / "data", node_id="amqp-test")
+    tb = ThreadedBroker(config, timeout=TIMEOUT).start()
     yield tb
     tb.stop()

@@ -4,14 +4,13 @@ close the channel, hard errors the connection, and other connections are unaffec
 from __future__ import annotations
 
 import struct
-import subprocess
-import sys
 
 import pika
 import pytest
 from pamqp import commands
 
 from tests.fixtures.broker_process import start_broker
+from tests.fixtures.cli import flowmq_user
 from tests.integration.amqp.conftest import connect, drain
 
 pytestmark = pytest.mark.timeout(60)
@@ -93,23 +92,7 @@ def test_403_access_refused(amqp, uid) -> None:
 
 def test_403_login_refused(tmp_path) -> None:
     data_dir = tmp_path / "data"
-    add = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "flowmq_broker.cli",
-            "user",
-            "--data-dir",
-            str(data_dir),
-            "add",
-            "alice",
-            "--password",
-            "wonderland",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    add = flowmq_user(data_dir, "add", "alice", "--password", "wonderland")
     assert add.returncode == 0, add.stderr
     proc = start_broker(data_dir, "--allow-anonymous", "false")
     try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 
@@ -12,16 +10,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.fixtures.broker_process import start_broker
-
-
-def flowmq_user(data_dir, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "flowmq_broker.cli", "user", "--data-dir", str(data_dir), *args],
-        capture_output=True,
-        text=True,
-        input=stdin,
-        timeout=60,
-    )
+from tests.fixtures.cli import flowmq_user
 
 
 def connect_result(port: int, protocol: int, username: str | None, password: str | None) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import socket
 import struct
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from flowmq_wire.kafka import REQUEST_CLASSES, RESPONSE_CLASSES
+from tests.fixtures import waiting
 from tests.fixtures.broker_process import BrokerProcess
 from tests.fixtures.brokers import broker_fixtures, no_broker_tracebacks, uid  # noqa: F401
 
@@ -53,14 +53,7 @@ def confluent_conf(broker: BrokerProcess, **extra: Any) -> dict[str, Any]:
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = TIMEOUT, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(step)
+    return waiting.wait_until(predicate, timeout, step)
 
 
 def scrape(broker: BrokerProcess) -> str:

@@ -49,6 +49,7 @@ from flowmq_wire.mqtt.packets import (
     Will,
 )
 from tests.fixtures.brokers import broker_fixtures, no_broker_tracebacks, uid  # noqa: F401
+from tests.fixtures.waiting import wait_until as _wait_until
 
 HOST = "127.0.0.1"
 TIMEOUT = 5.0
@@ -67,19 +68,11 @@ class ThreadedBroker:
 
     def __init__(self, data_dir: Path, token: str = "test-token") -> None:
         from flowmq_broker.server import Broker
-        from flowmq_core.config import BrokerConfig
+        from tests.fixtures.inprocess import broker_config
 
         self.token = token
-        self.config = BrokerConfig(
-            data_dir=str(data_dir),
-            http_port=0,
-            mqtt_port=0,
-            kafka_port=0,
-            amqp_port=0,
-            gossip_port=0,
-            admin_token=token,
-            node_id="mqtt-test",
-            roles=["mqtt", "admin"],
+        self.config = broker_config(
+            data_dir, node_id="mqtt-test", token=token, roles=["mqtt", "admin"]
         )
         self.broker = Broker(self.config)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -346,6 +339,22 @@ def props(packet_type: int, **values: Any) -> Properties:
     return p
 
 
+def connected(make: Callable[..., Paho], client_id: str, **kwargs: Any) -> Paho:
+    """``make(client_id, **kwargs)`` (the ``paho`` factory or alike), connected."""
+    client = make(client_id, **kwargs)
+    client.connect()
+    return client
+
+
+def subscribed(
+    make: Callable[..., Paho], client_id: str, topic: str, qos: int = 1, **kwargs: Any
+) -> Paho:
+    """A connected client (see ``connected``) subscribed to ``topic`` at ``qos``."""
+    client = connected(make, client_id, **kwargs)
+    client.subscribe(topic, qos)
+    return client
+
+
 @pytest.fixture
 def paho(broker) -> Iterator[Callable[..., Paho]]:
     """``paho(client_id, v5=True, ...)``: an unconnected Paho on the module broker."""
@@ -577,14 +586,7 @@ def scrape(base: str) -> dict[str, float]:
 def wait_until(predicate: Callable[[], Any], timeout: float = TIMEOUT, step: float = 0.02) -> Any:
     """Poll ``predicate`` until it returns something truthy (for state only visible by polling:
     metrics, the admin API). Raises AssertionError on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(step)
+    return _wait_until(predicate, timeout, step)
 
 
 def roundtrip(port: int, tag: str = "") -> None:

@@ -3,23 +3,18 @@ anonymous clients are allowed or refused by configuration."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.cli import flowmq_user
 
 from .conftest import ROLES, Paho, RawClient, wait_until
 
 
 def _user_add(data_dir, name: str, password: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "flowmq_broker.cli", "user", "--data-dir", str(data_dir),
-         "add", name, "--password", password],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = flowmq_user(data_dir, "add", name, "--password", password)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

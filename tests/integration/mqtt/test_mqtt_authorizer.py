@@ -8,7 +8,7 @@ import pytest
 from flowmq_broker.mqtt.server import Authorizer
 from flowmq_wire.mqtt.packets import Publish, Pubrec, SubscriptionOptions, Will
 
-from .conftest import Paho, RawClient
+from .conftest import Paho, RawClient, connected, subscribed
 
 
 class DenySecret(Authorizer):
@@ -70,20 +70,16 @@ def test_denied_subscribe_v5_and_v311(authz, clients):
 
 
 def test_denied_subscribe_is_not_active(authz, clients):
-    sub = clients.paho("denied-sub", v5=True)
-    sub.connect()
+    sub = connected(clients.paho, "denied-sub", v5=True)
     assert sub.subscribe("secret/#", 1) == [0x87]
-    pub = clients.paho("pub")
-    pub.connect()
+    pub = connected(clients.paho, "pub")
     pub.publish("secret/x", b"x", 1)  # allowed? no: the publish is denied too
     pub.publish("open/x", b"y", 1)
     sub.expect_none()
 
 
 def test_denied_publish_v5_puback_and_pubrec_0x87(authz, clients):
-    spy = clients.paho("spy", v5=True)
-    spy.connect()
-    spy.subscribe("#", 2)
+    spy = subscribed(clients.paho, "spy", "#", 2, v5=True)
 
     pub = clients.raw(5)
     pub.connect("pub5")
@@ -98,9 +94,7 @@ def test_denied_publish_v5_puback_and_pubrec_0x87(authz, clients):
 
 
 def test_denied_publish_v311_is_not_delivered(authz, clients):
-    spy = clients.paho("spy4", v5=False)
-    spy.connect()
-    spy.subscribe("#", 1)
+    spy = subscribed(clients.paho, "spy4", "#", 1, v5=False)
     pub = clients.raw(4)
     pub.connect("pub4")
     # 3.1.1 has no negative acknowledgement: the PUBACK comes (or the connection is closed),
@@ -112,9 +106,7 @@ def test_denied_publish_v311_is_not_delivered(authz, clients):
 
 
 def test_denied_will_is_not_published(authz, clients):
-    spy = clients.paho("willspy", v5=True)
-    spy.connect()
-    spy.subscribe("#", 1)
+    spy = subscribed(clients.paho, "willspy", "#", 1, v5=True)
     c = clients.raw(5)
     ack = c.connect("willer", will=Will("secret/will", b"no"), expect_success=False)
     # Refusing the CONNECT (0x87) is one way; accepting it and never publishing the will is

@@ -17,16 +17,14 @@ from flowmq_wire.mqtt.packets import (
     Will,
 )
 
-from .conftest import roundtrip
+from .conftest import roundtrip, subscribed
 
 
 @pytest.fixture
 def still_serves(broker, paho, uid):
     """A v5 client connected before the bad input; after it, it must still get messages, and
     a new client must still connect."""
-    watcher = paho(f"watch-{uid}", v5=True)
-    watcher.connect()
-    watcher.subscribe(f"alive/{uid}", 1)
+    watcher = subscribed(paho, f"watch-{uid}", f"alive/{uid}", 1, v5=True)
 
     def check() -> None:
         watcher.publish(f"alive/{uid}", b"still here", 1)
@@ -34,6 +32,15 @@ def still_serves(broker, paho, uid):
         roundtrip(broker.ports["mqtt"])
 
     return check
+
+
+def _assert_closed_for(got: list, level: int, reason_code: int) -> None:
+    """What the broker sent before closing: v5, one DISCONNECT with ``reason_code``; 3.1.1,
+    nothing (it has no DISCONNECT from the server)."""
+    if level == 5:
+        assert [type(p) for p in got] == [Disconnect] and got[0].reason_code == reason_code, got
+    else:
+        assert got == [], got
 
 
 def _topic_bytes_publish(topic: bytes, level: int, payload: bytes = b"p") -> bytes:
@@ -81,51 +88,31 @@ def test_malformed_remaining_length(raw, uid, still_serves):
     c = raw(5)
     c.connect(f"badlen-{uid}")
     c.send_raw(b"\x30\xff\xff\xff\xff\x01")  # five-byte variable byte integer
-    got = c.wait_closed()
-    assert [type(p) for p in got] == [Disconnect] and got[0].reason_code == 0x81, got
+    _assert_closed_for(c.wait_closed(), 5, 0x81)
     still_serves()
 
 
 @pytest.mark.parametrize("level", [4, 5])
-def test_invalid_utf8_topic(raw, uid, still_serves, level):
+@pytest.mark.parametrize(
+    ("tag", "bad"), [("utf8", b"bad/\xc3\x28/"), ("nul", b"bad/\x00/")], ids=["utf8", "nul"]
+)
+def test_invalid_topic_bytes(raw, uid, still_serves, level, tag, bad):
+    """A topic that is not valid UTF-8, or holds U+0000, is a malformed packet."""
     c = raw(level)
-    c.connect(f"utf8-{uid}")
-    c.send_raw(_topic_bytes_publish(b"bad/\xc3\x28/" + uid.encode(), level))
-    got = c.wait_closed()
-    if level == 5:
-        assert [type(p) for p in got] == [Disconnect] and got[0].reason_code == 0x81
-    else:
-        assert got == []
-    still_serves()
-
-
-@pytest.mark.parametrize("level", [4, 5])
-def test_null_character_in_topic(raw, uid, still_serves, level):
-    c = raw(level)
-    c.connect(f"nul-{uid}")
-    c.send_raw(_topic_bytes_publish(b"bad/\x00/" + uid.encode(), level))
-    got = c.wait_closed()
-    if level == 5:
-        assert [type(p) for p in got] == [Disconnect] and got[0].reason_code == 0x81
-    else:
-        assert got == []
+    c.connect(f"{tag}-{uid}")
+    c.send_raw(_topic_bytes_publish(bad + uid.encode(), level))
+    _assert_closed_for(c.wait_closed(), level, 0x81)
     still_serves()
 
 
 @pytest.mark.parametrize("level", [4, 5])
 @pytest.mark.parametrize("topic", ["a/+/b", "a/#", "#", "+"])
 def test_wildcard_in_publish_topic(raw, paho, uid, still_serves, level, topic):
-    spy = paho(f"spy-{uid}", v5=True)
-    spy.connect()
-    spy.subscribe("a/#", 0)
+    spy = subscribed(paho, f"spy-{uid}", "a/#", 0, v5=True)
     c = raw(level)
     c.connect(f"wild-{uid}")
     c.send(Publish(topic, b"wild", 1, packet_id=1))
-    got = c.wait_closed()
-    if level == 5:
-        assert [type(p) for p in got] == [Disconnect] and got[0].reason_code == 0x90
-    else:
-        assert got == []
+    _assert_closed_for(c.wait_closed(), level, 0x90)
     assert all(m.payload != b"wild" for m in spy.drain(0.2))
     still_serves()
 
@@ -154,11 +141,7 @@ def test_second_connect(raw, uid, still_serves, level):
     c = raw(level)
     c.connect(f"twice-{uid}")
     c.send(Connect(f"twice-{uid}", protocol_level=level))
-    got = c.wait_closed()
-    if level == 5:
-        assert [type(p) for p in got] == [Disconnect] and got[0].reason_code == 0x82
-    else:
-        assert got == []
+    _assert_closed_for(c.wait_closed(), level, 0x82)
     still_serves()
 
 
@@ -227,11 +210,7 @@ def test_qos3_publish(raw, uid, still_serves, level):
     c.connect(f"qos3-{uid}")
     body = b"\x00\x01t\x00\x01" + (b"\x00" if level == 5 else b"")
     c.send_raw(bytes([0x36, len(body)]) + body)
-    got = c.wait_closed()
-    if level == 5:
-        assert [type(p) for p in got] == [Disconnect] and got[0].reason_code == 0x81
-    else:
-        assert got == []
+    _assert_closed_for(c.wait_closed(), level, 0x81)
     still_serves()
 
 
@@ -241,11 +220,7 @@ def test_invalid_fixed_header_flags(raw, uid, still_serves, level):
     c.connect(f"flags-{uid}")
     sub = encode(Subscribe(1, [(f"f/{uid}", SubscriptionOptions())]), level)
     c.send_raw(bytes([0x80]) + sub[1:])  # SUBSCRIBE must carry flags 0b0010
-    got = c.wait_closed()
-    if level == 5:
-        assert [type(p) for p in got] == [Disconnect] and got[0].reason_code == 0x81
-    else:
-        assert got == []
+    _assert_closed_for(c.wait_closed(), level, 0x81)
     still_serves()
 
 

@@ -18,7 +18,7 @@ from flowmq_wire.mqtt.packets import (
     SubscriptionOptions,
 )
 
-from .conftest import Closed, RawClient
+from .conftest import Closed, RawClient, connected
 
 
 # --- CONNECT ---------------------------------------------------------------------------------
@@ -122,10 +122,8 @@ def test_keep_alive_is_kept_by_pingreq(raw, uid):
 
 # --- session takeover ---------------------------------------------------------------------
 def test_session_takeover_v5_disconnects_first_with_0x8e(paho, uid):
-    first = paho(f"same-{uid}", v5=True)
-    first.connect()
-    second = paho(f"same-{uid}", v5=True)
-    second.connect()
+    first = connected(paho, f"same-{uid}", v5=True)
+    second = connected(paho, f"same-{uid}", v5=True)
     code, _ = first.wait_disconnect()
     assert code == 0x8E  # session taken over
     # The new connection is the session's now.
@@ -164,8 +162,7 @@ def test_session_takeover_keeps_persistent_session(paho, uid):
     )
     assert session_present is True
     assert first.wait_disconnect()[0] == 0x8E
-    pub = paho(f"keep-pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"keep-pub-{uid}")
     pub.publish(f"keep/{uid}", b"after takeover", 1)
     assert second.get().payload == b"after takeover"
 

@@ -10,7 +10,7 @@ import urllib.parse
 from flowmq_wire.mqtt.codec import encode
 from flowmq_wire.mqtt.packets import Puback, Publish
 
-from .conftest import HOST, RawClient, http, scrape, wait_until
+from .conftest import HOST, RawClient, connected, http, scrape, subscribed, wait_until
 
 NS = '{namespace="default"}'
 
@@ -23,12 +23,9 @@ def test_metrics_follow_traffic(broker, paho, uid):
     base = broker.http
     before = scrape(base)
 
-    sub_a = paho(f"a-{uid}", v5=True)
-    sub_a.connect()
-    sub_b = paho(f"b-{uid}", v5=False)
-    sub_b.connect()
-    pub = paho(f"pub-{uid}", v5=True)
-    pub.connect()
+    sub_a = connected(paho, f"a-{uid}", v5=True)
+    sub_b = connected(paho, f"b-{uid}", v5=False)
+    pub = connected(paho, f"pub-{uid}", v5=True)
     wait_until(lambda: _delta(before, scrape(base), f"mqtt_connections{NS}") == 3)
 
     sub_a.subscribe(f"met/{uid}/x", 1)
@@ -90,12 +87,8 @@ def _post(broker, topic: str, body: dict) -> tuple[int, dict]:
 
 def test_http_publish_reaches_mqtt_subscribers(broker, paho, uid):
     topic = f"http/{uid}/in"
-    v5 = paho(f"v5-{uid}", v5=True)
-    v5.connect()
-    v5.subscribe(f"http/{uid}/#", 2)
-    v311 = paho(f"v311-{uid}", v5=False)
-    v311.connect()
-    v311.subscribe(topic, 0)
+    v5 = subscribed(paho, f"v5-{uid}", f"http/{uid}/#", 2, v5=True)
+    v311 = subscribed(paho, f"v311-{uid}", topic, 0, v5=False)
 
     status, body = _post(
         broker,
@@ -119,9 +112,7 @@ def test_http_publish_reaches_mqtt_subscribers(broker, paho, uid):
 
 
 def test_http_publish_without_token_is_refused(broker, paho, uid):
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(f"httpauth/{uid}", 0)
+    sub = subscribed(paho, f"sub-{uid}", f"httpauth/{uid}", 0, v5=True)
     path = f"/api/v1/topics/httpauth%2F{uid}/messages"
     status, _ = http(broker.http, "POST", path, None, {"payload": "x"})
     assert status == 401
@@ -132,9 +123,7 @@ def test_http_publish_retained(broker, paho, uid):
     topic = f"httpret/{uid}"
     status, body = _post(broker, topic, {"payload": "kept", "retain": True})
     assert status == 200, body
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(topic, 1)
+    sub = subscribed(paho, f"sub-{uid}", topic, 1, v5=True)
     m = sub.get(timeout=2)
     assert (m.payload, m.retain) == (b"kept", True)
 
@@ -148,9 +137,7 @@ def _subscriptions(broker) -> list[dict]:
 
 def test_subscriptions_api_lists_mqtt_subscriptions(broker, paho, uid):
     cid = f"lister-{uid}"
-    c = paho(cid, v5=True)
-    c.connect()
-    c.subscribe(f"api/{uid}/#", 1)
+    c = subscribed(paho, cid, f"api/{uid}/#", 1, v5=True)
     c.subscribe(f"$share/grp/api/{uid}/x", 2)
     mine = {s["topic_filter"]: s for s in _subscriptions(broker) if s.get("client_id") == cid}
     assert set(mine) == {f"api/{uid}/#", f"api/{uid}/x"}
@@ -195,9 +182,7 @@ def test_slow_qos0_subscriber_is_dropped_not_blocking(broker, paho, uid):
     assert reader.subscribe(topic) == [0]
     # …and from now on it never reads again.
 
-    good = paho(f"good-{uid}", v5=True)
-    good.connect()
-    good.subscribe(topic, 1)
+    good = subscribed(paho, f"good-{uid}", topic, 1, v5=True)
 
     pub = RawClient(port, 5)
     pub.connect(f"pub-{uid}")

@@ -8,6 +8,8 @@ import pytest
 
 from flowmq_wire.mqtt.packets import Disconnect, Puback, Publish, SubscriptionOptions
 
+from .conftest import connected, subscribed
+
 PASSTHROUGH = {
     "PayloadFormatIndicator": 1,
     "ContentType": "application/json; charset=utf-8",
@@ -20,11 +22,8 @@ PASSTHROUGH = {
 # --- topic aliases: client → server ------------------------------------------------------------
 def test_topic_alias_client_to_server_paho(paho, uid):
     topic = f"alias/in/{uid}"
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(topic, 1)
-    pub = paho(f"pub-{uid}", v5=True)
-    pub.connect()
+    sub = subscribed(paho, f"sub-{uid}", topic, 1, v5=True)
+    pub = connected(paho, f"pub-{uid}", v5=True)
     pub.publish(topic, b"first", 1, properties={"TopicAlias": 1})
     pub.publish("", b"by alias", 1, properties={"TopicAlias": 1})
     got = [(m.topic, m.payload) for m in sub.expect(2)]
@@ -32,9 +31,7 @@ def test_topic_alias_client_to_server_paho(paho, uid):
 
 
 def test_topic_alias_can_be_remapped(raw, paho, uid):
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(f"remap/{uid}/#", 1)
+    sub = subscribed(paho, f"sub-{uid}", f"remap/{uid}/#", 1, v5=True)
     pub = raw(5)
     pub.connect(f"pub-{uid}")
     pub.publish(f"remap/{uid}/a", b"1", 1, properties={"topic_alias": 3})
@@ -176,8 +173,7 @@ def test_message_expiry_offline_queue_and_retained(paho, raw, uid):
     sub.subscribe((topic, SubscriptionOptions(1)))
     sub.disconnect()
 
-    pub = paho(f"pub-{uid}", v5=True)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=True)
     pub.publish(topic, b"short", 1, properties={"MessageExpiryInterval": 1})
     pub.publish(topic, b"long", 1, properties={"MessageExpiryInterval": 60})
     pub.publish(topic, b"forever", 1)
@@ -209,11 +205,8 @@ def test_message_expiry_offline_queue_and_retained(paho, raw, uid):
 
 def test_live_message_carries_its_expiry(paho, uid):
     topic = f"liveexp/{uid}"
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(topic, 1)
-    pub = paho(f"pub-{uid}", v5=True)
-    pub.connect()
+    sub = subscribed(paho, f"sub-{uid}", topic, 1, v5=True)
+    pub = connected(paho, f"pub-{uid}", v5=True)
     pub.publish(topic, b"x", 1, properties={"MessageExpiryInterval": 30})
     m = sub.get()
     assert 29 <= m.properties.MessageExpiryInterval <= 30
@@ -223,11 +216,8 @@ def test_live_message_carries_its_expiry(paho, uid):
 @pytest.mark.parametrize("qos", [0, 1, 2])
 def test_properties_pass_through_v5_to_v5(paho, uid, qos):
     topic = f"props/{uid}"
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(topic, 2)
-    pub = paho(f"pub-{uid}", v5=True)
-    pub.connect()
+    sub = subscribed(paho, f"sub-{uid}", topic, 2, v5=True)
+    pub = connected(paho, f"pub-{uid}", v5=True)
     pub.publish(topic, b'{"a": 1}', qos, properties=PASSTHROUGH)
     m = sub.get()
     assert m.payload == b'{"a": 1}'
@@ -242,8 +232,7 @@ def test_properties_pass_through_offline_queue(paho, raw, uid):
     sub.connect(clean_start=False, properties=persist)
     sub.subscribe(topic, 1)
     sub.close()
-    pub = paho(f"pub-{uid}", v5=True)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=True)
     pub.publish(topic, b"queued", 1, properties=PASSTHROUGH)
     sub = paho(f"sub-{uid}", v5=True)
     sub.connect(clean_start=False, properties=persist)
@@ -268,11 +257,8 @@ def test_payload_format_indicator_zero_is_kept_distinct(raw, uid):
 
 def test_v5_publish_to_v311_subscriber_is_plain(paho, uid):
     topic = f"props4/{uid}"
-    sub = paho(f"sub-{uid}", v5=False)
-    sub.connect()
-    sub.subscribe(topic, 1)
-    pub = paho(f"pub-{uid}", v5=True)
-    pub.connect()
+    sub = subscribed(paho, f"sub-{uid}", topic, 1, v5=False)
+    pub = connected(paho, f"pub-{uid}", v5=True)
     pub.publish(topic, b"payload", 1, properties=PASSTHROUGH)
     m = sub.get()
     assert (m.topic, m.payload, m.qos) == (topic, b"payload", 1)

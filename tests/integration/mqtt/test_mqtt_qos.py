@@ -19,7 +19,7 @@ from flowmq_wire.mqtt.packets import (
     SubscriptionOptions,
 )
 
-from .conftest import Closed, roundtrip
+from .conftest import Closed, connected, roundtrip, subscribed
 
 MIB = 1024 * 1024
 
@@ -28,11 +28,9 @@ MIB = 1024 * 1024
 @pytest.mark.parametrize(("pub_v5", "sub_v5"), [(True, True), (False, False), (True, False)])
 def test_effective_qos_is_the_minimum(paho, uid, sub_qos, pub_v5, sub_v5):
     topic = f"qos/{uid}"
-    sub = paho(f"sub-{uid}", v5=sub_v5)
-    sub.connect()
+    sub = connected(paho, f"sub-{uid}", v5=sub_v5)
     assert sub.subscribe(topic, sub_qos) == [sub_qos]
-    pub = paho(f"pub-{uid}", v5=pub_v5)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=pub_v5)
     for pub_qos in (0, 1, 2):
         pub.publish(topic, f"q{pub_qos}".encode(), pub_qos)
     got = {m.payload: m.qos for m in sub.expect(3)}
@@ -105,9 +103,7 @@ def test_outbound_packet_ids_distinct_while_in_flight(raw, uid):
 
 def test_qos2_duplicate_publish_before_pubrel_is_delivered_once(paho, raw, uid):
     topic = f"dupq2/{uid}"
-    sub = paho(f"sub-{uid}")
-    sub.connect()
-    sub.subscribe(topic, 2)
+    sub = subscribed(paho, f"sub-{uid}", topic, 2)
     pub = raw(5)
     pub.connect(f"pub-{uid}")
     pub.send(Publish(topic, b"d", 2, packet_id=5))
@@ -121,13 +117,19 @@ def test_qos2_duplicate_publish_before_pubrel_is_delivered_once(paho, raw, uid):
 
 
 # --- receive maximum ------------------------------------------------------------------------
-def test_receive_maximum_limits_unacknowledged_deliveries(raw, uid):
-    topic = f"recvmax/{uid}"
+def _receive_maximum_pair(raw, uid: str, topic: str, receive_maximum: int, qos: int):
+    """A v5 subscriber to ``topic`` at ``qos`` with ``receive_maximum``, and a v5 publisher."""
     sub = raw(5)
-    sub.connect(f"sub-{uid}", properties={"receive_maximum": 2})
-    sub.subscribe((topic, SubscriptionOptions(1)))
+    sub.connect(f"sub-{uid}", properties={"receive_maximum": receive_maximum})
+    sub.subscribe((topic, SubscriptionOptions(qos)))
     pub = raw(5)
     pub.connect(f"pub-{uid}")
+    return sub, pub
+
+
+def test_receive_maximum_limits_unacknowledged_deliveries(raw, uid):
+    topic = f"recvmax/{uid}"
+    sub, pub = _receive_maximum_pair(raw, uid, topic, 2, qos=1)
     for i in range(5):
         pub.publish(topic, f"m{i}".encode(), 1)
 
@@ -150,8 +152,7 @@ def test_receive_maximum_with_paho_manual_ack(paho, uid):
     sub = paho(f"sub-{uid}", v5=True, manual_ack=True)
     sub.connect(properties={"ReceiveMaximum": 2})
     sub.subscribe(topic, 1)
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     for i in range(4):
         pub.publish(topic, f"m{i}".encode(), 1)
     got = sub.expect(2)
@@ -166,11 +167,7 @@ def test_receive_maximum_with_paho_manual_ack(paho, uid):
 
 def test_receive_maximum_counts_qos2_until_pubcomp(raw, uid):
     topic = f"recvmax2/{uid}"
-    sub = raw(5)
-    sub.connect(f"sub-{uid}", properties={"receive_maximum": 1})
-    sub.subscribe((topic, SubscriptionOptions(2)))
-    pub = raw(5)
-    pub.connect(f"pub-{uid}")
+    sub, pub = _receive_maximum_pair(raw, uid, topic, 1, qos=2)
     for i in range(2):
         pub.send(Publish(topic, f"m{i}".encode(), 2, packet_id=i + 1))
         pub.expect(Pubrec)
@@ -253,9 +250,7 @@ def test_packet_over_server_maximum_is_refused(broker, raw, uid, level):
 
 def test_packet_just_under_server_maximum_is_accepted(paho, raw, uid):
     topic = f"nearmax/{uid}"
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(topic, 1)
+    sub = subscribed(paho, f"sub-{uid}", topic, 1, v5=True)
     pub = raw(5)
     pub.connect(f"pub-{uid}")
     payload = b"y" * (MIB - 1000)

@@ -8,19 +8,16 @@ import pytest
 from flowmq_wire.mqtt.packets import Puback, Publish, SubscriptionOptions
 from tests.fixtures.broker_process import start_broker
 
-from .conftest import ROLES, Paho, RawClient
+from .conftest import ROLES, Paho, RawClient, connected, subscribed
 
 
 @pytest.mark.parametrize("v5", [False, True], ids=["v311", "v5"])
 def test_retained_message_delivered_on_subscribe_with_retain_flag(paho, uid, v5):
     topic = f"ret/{uid}/a"
-    pub = paho(f"pub-{uid}", v5=v5)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=v5)
     pub.publish(topic, b"kept", 1, retain=True)
 
-    sub = paho(f"sub-{uid}", v5=v5)
-    sub.connect()
-    sub.subscribe(f"ret/{uid}/#", 1)
+    sub = subscribed(paho, f"sub-{uid}", f"ret/{uid}/#", 1, v5=v5)
     m = sub.get()
     assert (m.topic, m.payload, m.retain, m.qos) == (topic, b"kept", True, 1)
     sub.expect_none()
@@ -31,37 +28,28 @@ def test_live_delivery_of_retained_publish_clears_retain_flag(paho, uid, v5):
     """To an existing subscription a retained PUBLISH goes out with RETAIN 0 (3.1.1 §3.3.1.3;
     in v5 unless Retain As Published is set)."""
     topic = f"retlive/{uid}"
-    sub = paho(f"sub-{uid}", v5=v5)
-    sub.connect()
-    sub.subscribe(topic, 1)
-    pub = paho(f"pub-{uid}", v5=v5)
-    pub.connect()
+    sub = subscribed(paho, f"sub-{uid}", topic, 1, v5=v5)
+    pub = connected(paho, f"pub-{uid}", v5=v5)
     pub.publish(topic, b"now", 1, retain=True)
     m = sub.get()
     assert (m.payload, m.retain) == (b"now", False)
 
 
 def test_retained_qos_is_min_of_stored_and_granted(paho, uid):
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(f"retq/{uid}/two", b"2", 2, retain=True)
     pub.publish(f"retq/{uid}/zero", b"0", 0, retain=True)
-    sub = paho(f"sub-{uid}")
-    sub.connect()
-    sub.subscribe(f"retq/{uid}/+", 1)
+    sub = subscribed(paho, f"sub-{uid}", f"retq/{uid}/+", 1)
     got = {m.payload: (m.qos, m.retain) for m in sub.expect(2)}
     assert got == {b"2": (1, True), b"0": (0, True)}
 
 
 def test_new_retained_message_replaces_the_old(paho, uid):
     topic = f"retrepl/{uid}"
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(topic, b"old", 1, retain=True)
     pub.publish(topic, b"new", 1, retain=True)
-    sub = paho(f"sub-{uid}")
-    sub.connect()
-    sub.subscribe(topic, 1)
+    sub = subscribed(paho, f"sub-{uid}", topic, 1)
     assert sub.get().payload == b"new"
     sub.expect_none()
 
@@ -69,30 +57,23 @@ def test_new_retained_message_replaces_the_old(paho, uid):
 @pytest.mark.parametrize("v5", [False, True], ids=["v311", "v5"])
 def test_empty_retained_payload_clears_the_topic(paho, uid, v5):
     topic = f"retclear/{uid}"
-    pub = paho(f"pub-{uid}", v5=v5)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=v5)
     pub.publish(topic, b"to be cleared", 1, retain=True)
-    live = paho(f"live-{uid}", v5=v5)
-    live.connect()
-    live.subscribe(topic, 1)
+    live = subscribed(paho, f"live-{uid}", topic, 1, v5=v5)
     assert live.get().payload == b"to be cleared"
     pub.publish(topic, b"", 1, retain=True)
     # The empty retained PUBLISH is still delivered to current subscribers…
     assert live.get().payload == b""
     # …and nothing is retained any more.
-    late = paho(f"late-{uid}", v5=v5)
-    late.connect()
-    late.subscribe(topic, 1)
+    late = subscribed(paho, f"late-{uid}", topic, 1, v5=v5)
     late.expect_none()
 
 
 def test_retain_handling_0_1_2(paho, uid):
     topic = f"rh/{uid}"
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(topic, b"r", 1, retain=True)
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
+    sub = connected(paho, f"sub-{uid}", v5=True)
 
     # 0: send at every subscribe, also a repeated one.
     sub.subscribe(topic, 1, retain_handling=0)
@@ -119,11 +100,9 @@ def test_retain_handling_0_1_2(paho, uid):
 @pytest.mark.parametrize("rap", [False, True])
 def test_retain_as_published(paho, uid, rap):
     topic = f"rap/{uid}"
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
+    sub = connected(paho, f"sub-{uid}", v5=True)
     sub.subscribe(topic, 1, retain_as_published=rap)
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(topic, b"retained", 1, retain=True)
     pub.publish(topic, b"plain", 1, retain=False)
     got = {m.payload: m.retain for m in sub.expect(2)}
@@ -133,31 +112,24 @@ def test_retain_as_published(paho, uid, rap):
 def test_retained_not_sent_to_shared_subscription(paho, uid):
     """MQTT 5 §4.8.2: retained messages are not sent when a shared subscription is made."""
     topic = f"retshared/{uid}"
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(topic, b"r", 1, retain=True)
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(f"$share/g/{topic}", 1)
+    sub = subscribed(paho, f"sub-{uid}", f"$share/g/{topic}", 1, v5=True)
     sub.expect_none()
 
 
 def test_retained_messages_are_not_matched_across_dollar_topics(paho, uid):
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(f"$ret{uid}/x", b"dollar", 1, retain=True)
     pub.publish(f"plain{uid}/x", b"plain", 1, retain=True)
-    sub = paho(f"sub-{uid}")
-    sub.connect()
-    sub.subscribe("+/x", 1)
+    sub = subscribed(paho, f"sub-{uid}", "+/x", 1)
     got = [m.payload for m in sub.drain()]
     assert b"dollar" not in got and b"plain" in got
 
 
 def test_retained_properties_are_kept(paho, uid):
     topic = f"retprops/{uid}"
-    pub = paho(f"pub-{uid}", v5=True)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=True)
     pub.publish(
         topic,
         b"{}",
@@ -171,9 +143,7 @@ def test_retained_properties_are_kept(paho, uid):
             "UserProperty": [("a", "1"), ("a", "2")],
         },
     )
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(topic, 1)
+    sub = subscribed(paho, f"sub-{uid}", topic, 1, v5=True)
     m = sub.get()
     p = m.properties
     assert m.retain

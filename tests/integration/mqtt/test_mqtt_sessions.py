@@ -15,7 +15,7 @@ from flowmq_wire.mqtt.packets import (
     SubscriptionOptions,
 )
 
-from .conftest import QUIET, http, wait_until
+from .conftest import QUIET, connected, http, subscribed, wait_until
 
 PERSIST_V5 = {"session_expiry_interval": 300}
 
@@ -31,8 +31,7 @@ def test_persistent_session_keeps_subscriptions_and_queues_offline_messages(paho
     assert sub.subscribe(topic, 2) == [2]
     sub.close()
 
-    pub = paho(f"pub-{uid}", v5=v5)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=v5)
     pub.publish(topic, b"q1", 1)
     pub.publish(topic, b"q2", 2)
 
@@ -56,8 +55,7 @@ def test_clean_start_discards_the_session(paho, uid, v5):
     assert sub.subscribe(topic, 1) == [1]
     sub.close()
 
-    pub = paho(f"pub-{uid}", v5=v5)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=v5)
     pub.publish(topic, b"while offline", 1)
 
     sub = paho(f"sub-{uid}", v5=v5, clean=True)
@@ -93,8 +91,7 @@ def test_v5_session_expiry_interval_elapsing_discards_the_session(broker, paho, 
     wait_until(lambda: not subscribed(), timeout=4)
     again = paho(f"sub-{uid}", v5=True)
     assert again.connect(clean_start=False, properties={"SessionExpiryInterval": 1})[0] is False
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(topic, b"x", 1)
     again.expect_none()
 
@@ -150,8 +147,7 @@ def test_paho_manual_ack_redelivery(paho, uid):
     sub = paho(f"sub-{uid}", v5=True, manual_ack=True)
     sub.connect(clean_start=False, properties=persist)
     sub.subscribe(topic, 1)
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(topic, b"unacked", 1)
     m = sub.get()
     assert m.payload == b"unacked" and not m.dup
@@ -168,19 +164,25 @@ def test_paho_manual_ack_redelivery(paho, uid):
 
 
 # --- QoS 2 across a client crash ---------------------------------------------------------------
+def _qos2_publish_then_die(raw, level: int, client_id: str, publish: Publish) -> Pubrec:
+    """A publisher with a session that outlives the connection sends the QoS 2 ``publish``,
+    gets its PUBREC and dies before PUBREL (RST, no DISCONNECT); return the PUBREC."""
+    pub = raw(level)
+    pub.connect(client_id, clean_start=False, properties=PERSIST_V5 if level == 5 else None)
+    pub.send(publish)
+    rec = pub.expect(Pubrec)
+    pub.kill()
+    return rec
+
+
 @pytest.mark.parametrize("level", [4, 5])
 def test_qos2_inbound_exactly_once_across_publisher_kill(paho, raw, uid, level):
     topic = f"exactly/{uid}"
     props = PERSIST_V5 if level == 5 else None
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(topic, 2)
+    sub = subscribed(paho, f"sub-{uid}", topic, 2, v5=True)
 
-    pub = raw(level)
-    pub.connect(f"pub-{uid}", clean_start=False, properties=props)
-    pub.send(Publish(topic, b"once", 2, packet_id=7))
-    assert pub.expect(Pubrec).packet_id == 7
-    pub.kill()  # dies before PUBREL
+    once = Publish(topic, b"once", 2, packet_id=7)
+    assert _qos2_publish_then_die(raw, level, f"pub-{uid}", once).packet_id == 7
 
     pub = raw(level)
     ack = pub.connect(f"pub-{uid}", clean_start=False, properties=props)
@@ -202,14 +204,8 @@ def test_qos2_inbound_pubrel_only_after_reconnect(paho, raw, uid, level):
     """Killed after PUBREC, the client resends only PUBREL: the message is delivered once."""
     topic = f"relonly/{uid}"
     props = PERSIST_V5 if level == 5 else None
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(topic, 2)
-    pub = raw(level)
-    pub.connect(f"pub-{uid}", clean_start=False, properties=props)
-    pub.send(Publish(topic, b"one", 2, packet_id=9))
-    pub.expect(Pubrec)
-    pub.kill()
+    sub = subscribed(paho, f"sub-{uid}", topic, 2, v5=True)
+    _qos2_publish_then_die(raw, level, f"pub-{uid}", Publish(topic, b"one", 2, packet_id=9))
     pub = raw(level)
     pub.connect(f"pub-{uid}", clean_start=False, properties=props)
     pub.send(Pubrel(9))

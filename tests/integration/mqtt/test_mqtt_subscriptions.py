@@ -15,18 +15,15 @@ from flowmq_wire.mqtt.packets import (
     Unsubscribe,
 )
 
-from .conftest import QUIET, Closed
+from .conftest import QUIET, Closed, connected, subscribed
 
 
 # --- no local ------------------------------------------------------------------------------
 def test_no_local(paho, uid):
     topic = f"nolocal/{uid}"
-    me = paho(f"me-{uid}", v5=True)
-    me.connect()
+    me = connected(paho, f"me-{uid}", v5=True)
     me.subscribe(topic, 1, no_local=True)
-    other = paho(f"other-{uid}", v5=True)
-    other.connect()
-    other.subscribe(topic, 1)
+    other = subscribed(paho, f"other-{uid}", topic, 1, v5=True)
 
     me.publish(topic, b"mine", 1)
     assert other.get().payload == b"mine"  # others get it
@@ -37,16 +34,14 @@ def test_no_local(paho, uid):
 
 def test_without_no_local_own_messages_come_back(paho, uid):
     topic = f"local/{uid}"
-    me = paho(f"me-{uid}", v5=True)
-    me.connect()
+    me = connected(paho, f"me-{uid}", v5=True)
     me.subscribe(topic, 1, no_local=False)
     me.publish(topic, b"echo", 1)
     assert me.get().payload == b"echo"
 
 
 def test_no_local_only_on_the_subscription_that_set_it(paho, uid):
-    me = paho(f"me-{uid}", v5=True)
-    me.connect()
+    me = connected(paho, f"me-{uid}", v5=True)
     me.subscribe(f"nl/{uid}/a", 1, no_local=True)
     me.subscribe(f"nl/{uid}/+", 1, no_local=False)
     me.publish(f"nl/{uid}/a", b"x", 1)
@@ -57,12 +52,10 @@ def test_no_local_only_on_the_subscription_that_set_it(paho, uid):
 
 # --- subscription identifiers ---------------------------------------------------------------
 def test_subscription_identifier_in_publish(paho, uid):
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
+    sub = connected(paho, f"sub-{uid}", v5=True)
     sub.subscribe(f"sid/{uid}/a", 1, sub_id=42)
     sub.subscribe(f"sid/{uid}/b", 1)  # no identifier
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(f"sid/{uid}/a", b"a", 1)
     pub.publish(f"sid/{uid}/b", b"b", 1)
     got = {m.payload: m.properties for m in sub.expect(2)}
@@ -71,12 +64,10 @@ def test_subscription_identifier_in_publish(paho, uid):
 
 
 def test_overlapping_subscriptions_deliver_once_with_all_identifiers(paho, uid):
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
+    sub = connected(paho, f"sub-{uid}", v5=True)
     sub.subscribe(f"ovl/{uid}/+", 0, sub_id=5)
     sub.subscribe(f"ovl/{uid}/#", 2, sub_id=9)
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(f"ovl/{uid}/x", b"both", 2)
     m = sub.get()
     assert m.payload == b"both"
@@ -86,12 +77,10 @@ def test_overlapping_subscriptions_deliver_once_with_all_identifiers(paho, uid):
 
 
 def test_subscription_identifier_replaced_on_resubscribe(paho, uid):
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
+    sub = connected(paho, f"sub-{uid}", v5=True)
     sub.subscribe(f"resid/{uid}", 1, sub_id=1)
     sub.subscribe(f"resid/{uid}", 1, sub_id=2)
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(f"resid/{uid}", b"x", 1)
     m = sub.get()
     assert m.properties.SubscriptionIdentifier == [2]
@@ -99,23 +88,18 @@ def test_subscription_identifier_replaced_on_resubscribe(paho, uid):
 
 
 def test_subscription_identifier_on_retained_delivery(paho, uid):
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(f"sidret/{uid}", b"r", 1, retain=True)
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
+    sub = connected(paho, f"sub-{uid}", v5=True)
     sub.subscribe(f"sidret/{uid}", 1, sub_id=77)
     m = sub.get()
     assert m.retain and m.properties.SubscriptionIdentifier == [77]
 
 
 def test_overlapping_subscriptions_v311_one_copy_at_max_qos(paho, uid):
-    sub = paho(f"sub-{uid}", v5=False)
-    sub.connect()
-    sub.subscribe(f"ovl4/{uid}/+", 0)
+    sub = subscribed(paho, f"sub-{uid}", f"ovl4/{uid}/+", 0, v5=False)
     sub.subscribe(f"ovl4/{uid}/#", 1)
-    pub = paho(f"pub-{uid}", v5=False)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=False)
     pub.publish(f"ovl4/{uid}/x", b"x", 1)
     m = sub.get()
     assert (m.payload, m.qos) == (b"x", 1)
@@ -124,12 +108,10 @@ def test_overlapping_subscriptions_v311_one_copy_at_max_qos(paho, uid):
 
 def test_resubscribe_replaces_options(paho, uid):
     topic = f"resub/{uid}"
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
+    sub = connected(paho, f"sub-{uid}", v5=True)
     assert sub.subscribe(topic, 2) == [2]
     assert sub.subscribe(topic, 0) == [0]
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(topic, b"x", 2)
     m = sub.get()
     assert m.qos == 0  # the new subscription's QoS, one copy
@@ -144,12 +126,9 @@ def test_shared_subscription_delivers_each_message_to_one_member(paho, uid, v5):
     for m in members:
         m.connect()
         assert m.subscribe(group_filter, 1) == [1]
-    plain = paho(f"plain-{uid}", v5=v5)
-    plain.connect()
-    plain.subscribe(f"jobs/{uid}/#", 1)
+    plain = subscribed(paho, f"plain-{uid}", f"jobs/{uid}/#", 1, v5=v5)
 
-    pub = paho(f"pub-{uid}", v5=True)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=True)
     n = 20
     for i in range(n):
         pub.publish(f"jobs/{uid}/{i % 3}", str(i).encode(), 1)
@@ -170,8 +149,7 @@ def test_two_shared_groups_each_get_every_message(paho, uid):
         c.connect()
         c.subscribe(f"$share/{group}/sg/{uid}", 1)
         subs[group] = c
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     for i in range(4):
         pub.publish(f"sg/{uid}", str(i).encode(), 1)
     for c in subs.values():
@@ -179,15 +157,10 @@ def test_two_shared_groups_each_get_every_message(paho, uid):
 
 
 def test_shared_member_leaving_leaves_the_rest(paho, uid):
-    a = paho(f"a-{uid}", v5=True)
-    a.connect()
-    a.subscribe(f"$share/g/leave/{uid}", 1)
-    b = paho(f"b-{uid}", v5=True)
-    b.connect()
-    b.subscribe(f"$share/g/leave/{uid}", 1)
+    a = subscribed(paho, f"a-{uid}", f"$share/g/leave/{uid}", 1, v5=True)
+    b = subscribed(paho, f"b-{uid}", f"$share/g/leave/{uid}", 1, v5=True)
     assert a.unsubscribe(f"$share/g/leave/{uid}") == [0]
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     for i in range(4):
         pub.publish(f"leave/{uid}", str(i).encode(), 1)
     assert len(b.expect(4)) == 4
@@ -201,14 +174,11 @@ def test_a_leaving_members_unacknowledged_messages_go_to_another_member(raw, pah
     silent = raw(5)
     silent.connect(f"silent-{uid}")
     silent.subscribe((group_filter, SubscriptionOptions(1)))
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     for i in range(4):  # the only member yet: it gets all four, and acknowledges none
         pub.publish(f"orphan/{uid}", str(i).encode(), 1)
     assert [silent.expect(Publish).payload for _ in range(4)] == [b"0", b"1", b"2", b"3"]
-    other = paho(f"other-{uid}", v5=True)
-    other.connect()
-    other.subscribe(group_filter, 1)
+    other = subscribed(paho, f"other-{uid}", group_filter, 1, v5=True)
     silent.kill()  # its session (expiry 0) ends with the connection
     assert sorted(m.payload for m in other.expect(4)) == [b"0", b"1", b"2", b"3"]
     other.expect_none()
@@ -228,18 +198,11 @@ def test_dollar_topics_not_matched_by_leading_wildcards(paho, uid):
     """`#` and `+/...` do not match a topic starting with `$` (like `$SYS/...`); a filter
     naming the `$` level does. (A `$internal` topic rather than `$SYS` itself: many brokers
     keep `$SYS` for their own messages.)"""
-    hash_sub = paho(f"hash-{uid}", v5=True)
-    hash_sub.connect()
-    hash_sub.subscribe("#", 0)
-    plus_sub = paho(f"plus-{uid}", v5=True)
-    plus_sub.connect()
-    plus_sub.subscribe(f"+/{uid}", 0)
-    dollar_sub = paho(f"dollar-{uid}", v5=True)
-    dollar_sub.connect()
-    dollar_sub.subscribe("$internal/#", 0)
+    hash_sub = subscribed(paho, f"hash-{uid}", "#", 0, v5=True)
+    plus_sub = subscribed(paho, f"plus-{uid}", f"+/{uid}", 0, v5=True)
+    dollar_sub = subscribed(paho, f"dollar-{uid}", "$internal/#", 0, v5=True)
 
-    pub = paho(f"pub-{uid}", v5=True)
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}", v5=True)
     pub.publish(f"$internal/{uid}", b"system", 1)
     pub.publish(f"plain/{uid}", b"plain", 1)
 
@@ -254,12 +217,9 @@ def test_dollar_topics_not_matched_by_leading_wildcards(paho, uid):
 # --- unsubscribe ----------------------------------------------------------------------------
 def test_unsubscribe_v5_reason_codes_and_effect(paho, uid):
     topic = f"unsub/{uid}"
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(topic, 1)
+    sub = subscribed(paho, f"sub-{uid}", topic, 1, v5=True)
     assert sub.unsubscribe(topic, f"never/{uid}") == [0x00, 0x11]
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(topic, b"x", 1)
     sub.expect_none()
 
@@ -277,13 +237,10 @@ def test_unsubscribe_v311(raw, uid):
 
 
 def test_unsubscribe_keeps_other_subscriptions(paho, uid):
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(f"keep/{uid}/a", 1)
+    sub = subscribed(paho, f"sub-{uid}", f"keep/{uid}/a", 1, v5=True)
     sub.subscribe(f"keep/{uid}/b", 1)
     sub.unsubscribe(f"keep/{uid}/a")
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     pub.publish(f"keep/{uid}/a", b"a", 1)
     pub.publish(f"keep/{uid}/b", b"b", 1)
     assert sub.get().payload == b"b"
@@ -329,12 +286,9 @@ def test_invalid_filters_are_refused(raw, uid, level):
 
 
 def test_wildcard_matching(paho, uid):
-    sub = paho(f"sub-{uid}", v5=True)
-    sub.connect()
-    sub.subscribe(f"wc/{uid}/+/end", 0)
+    sub = subscribed(paho, f"sub-{uid}", f"wc/{uid}/+/end", 0, v5=True)
     sub.subscribe(f"wc/{uid}/deep/#", 0)
-    pub = paho(f"pub-{uid}")
-    pub.connect()
+    pub = connected(paho, f"pub-{uid}")
     for t in ("a/end", "a/b/end", "deep", "deep/x/y", "a/end/more"):
         pub.publish(f"wc/{uid}/{t}", t.encode(), 1)
     got = sorted(m.payload for m in sub.drain(QUIET))

@@ -9,14 +9,13 @@ import pytest
 
 from flowmq_wire.mqtt.packets import Disconnect, Publish, Will
 
-from .conftest import TIMEOUT
+from .conftest import TIMEOUT, connected, subscribed
 
 
 @pytest.fixture
 def watcher(paho, uid):
     """A v5 subscriber on will/<uid>/# (QoS 2, retain as published)."""
-    w = paho(f"watch-{uid}", v5=True)
-    w.connect()
+    w = connected(paho, f"watch-{uid}", v5=True)
     w.subscribe(f"will/{uid}/#", 2, retain_as_published=True)
     return w
 
@@ -98,9 +97,7 @@ def test_will_properties_and_retain(paho, raw, watcher, uid):
     assert p.UserProperty == [("k", "v")]
     assert 55 <= p.MessageExpiryInterval <= 60
     # A retained will is retained.
-    late = paho(f"late-{uid}", v5=True)
-    late.connect()
-    late.subscribe(topic, 2)
+    late = subscribed(paho, f"late-{uid}", topic, 2, v5=True)
     m = late.get()
     assert (m.payload, m.retain) == (b"{}", True)
 
@@ -110,14 +107,22 @@ def _delayed(topic: str, payload: bytes, delay: int) -> Will:
     return Will(topic, payload, 1, False, {"will_delay_interval": delay})
 
 
-def test_will_delay_interval_delays_the_will(raw, watcher, uid):
+def _with_delayed_will(
+    raw, client_id: str, topic: str, payload: bytes, delay: int, session_expiry: int = 30
+):
+    """A v5 RawClient, connected (clean start 0) with a QoS 1 will of will delay ``delay``."""
     c = raw(5)
     c.connect(
-        f"delay-{uid}",
+        client_id,
         clean_start=False,
-        properties={"session_expiry_interval": 30},
-        will=_delayed(f"will/{uid}/delayed", b"late", 1),
+        properties={"session_expiry_interval": session_expiry},
+        will=_delayed(topic, payload, delay),
     )
+    return c
+
+
+def test_will_delay_interval_delays_the_will(raw, watcher, uid):
+    c = _with_delayed_will(raw, f"delay-{uid}", f"will/{uid}/delayed", b"late", 1)
     killed = time.monotonic()
     c.kill()
     m = watcher.get(timeout=TIMEOUT)
@@ -127,22 +132,10 @@ def test_will_delay_interval_delays_the_will(raw, watcher, uid):
 
 
 def test_reconnect_within_will_delay_cancels_the_will(raw, watcher, uid):
-    c = raw(5)
-    c.connect(
-        f"back-{uid}",
-        clean_start=False,
-        properties={"session_expiry_interval": 30},
-        will=_delayed(f"will/{uid}/cancelled", b"cancelled", 1),
-    )
+    c = _with_delayed_will(raw, f"back-{uid}", f"will/{uid}/cancelled", b"cancelled", 1)
     # A fence: another client with the same will delay, killed just after the first.  When
     # its will arrives, the first one's would have too, had it not been cancelled.
-    fence = raw(5)
-    fence.connect(
-        f"fence-{uid}",
-        clean_start=False,
-        properties={"session_expiry_interval": 30},
-        will=_delayed(f"will/{uid}/fence", b"fence", 1),
-    )
+    fence = _with_delayed_will(raw, f"fence-{uid}", f"will/{uid}/fence", b"fence", 1)
     c.kill()
     fence.kill()
     back = raw(5)
@@ -157,12 +150,8 @@ def test_reconnect_within_will_delay_cancels_the_will(raw, watcher, uid):
 def test_will_published_at_session_end_when_shorter_than_will_delay(raw, watcher, uid):
     """MQTT 5 §3.1.3.2.2: the will is sent when the delay passes or the session ends,
     whichever is first."""
-    c = raw(5)
-    c.connect(
-        f"short-{uid}",
-        clean_start=False,
-        properties={"session_expiry_interval": 1},
-        will=_delayed(f"will/{uid}/sessionend", b"session ended", 30),
+    c = _with_delayed_will(
+        raw, f"short-{uid}", f"will/{uid}/sessionend", b"session ended", 30, session_expiry=1
     )
     killed = time.monotonic()
     c.kill()

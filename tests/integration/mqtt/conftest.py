@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import queue
@@ -49,6 +48,8 @@ from flowmq_wire.mqtt.packets import (
     Will,
 )
 from tests.fixtures.brokers import broker_fixtures, no_broker_tracebacks, uid  # noqa: F401
+from tests.fixtures.inprocess import broker_config
+from tests.fixtures.threaded_broker import ThreadedBroker as SharedThreadedBroker
 from tests.fixtures.waiting import wait_until as _wait_until
 
 HOST = "127.0.0.1"
@@ -63,73 +64,17 @@ QUIET = 0.4  # how long to wait when asserting that something does NOT arrive
 broker, fresh_broker = broker_fixtures("mqtt", *ROLES)
 
 
-class ThreadedBroker:
-    """An in-process Broker on its own event loop thread (blocking clients can be used)."""
+class ThreadedBroker(SharedThreadedBroker):
+    """The shared in-process broker with MQTT and the admin API, and its HTTP address."""
 
     def __init__(self, data_dir: Path, token: str = "test-token") -> None:
-        from flowmq_broker.server import Broker
-        from tests.fixtures.inprocess import broker_config
-
         self.token = token
-        self.config = broker_config(
-            data_dir, node_id="mqtt-test", token=token, roles=["mqtt", "admin"]
-        )
-        self.broker = Broker(self.config)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        try:
-            await self.broker.start()
-        except BaseException as exc:  # surfaced by start()
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        await self._stop.wait()
-        await self.broker.stop()
-
-    def start(self) -> ThreadedBroker:
-        self._thread.start()
-        assert self._ready.wait(30), "in-process broker did not start"
-        if self._error is not None:
-            raise self._error
-        return self
-
-    @property
-    def ports(self) -> dict[str, int]:
-        return self.broker.ports
-
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the broker's loop thread and return its result."""
-        assert self.loop is not None
-
-        async def run() -> Any:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(TIMEOUT)
-
-    def call_async(self, fn: Callable[[], Any]) -> Any:
-        """Await ``fn()`` (a coroutine function) on the broker's loop; return its result."""
-        assert self.loop is not None
-        return asyncio.run_coroutine_threadsafe(fn(), self.loop).result(TIMEOUT)
+        config = broker_config(data_dir, node_id="mqtt-test", token=token, roles=["mqtt", "admin"])
+        super().__init__(config, timeout=TIMEOUT)
 
     @property
     def http(self) -> str:
         return f"http://{HOST}:{self.ports['http']}"
-
-    def stop(self) -> None:
-        if self.loop is not None and self._stop is not None:
-            self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 
 import flowmq_metrics as metrics
+from flowmq_broker.routing import Router
 from flowmq_cluster.link import Link, Links
 from flowmq_core.errors import FlowMQError
 from flowmq_core.message import Message
@@ -134,10 +135,12 @@ def _route_parts(route_filter: str) -> tuple[str, str | None]:
 class ClusterRouting:
     """This broker's side of cross-node routing; the Router calls ``forward`` on publish."""
 
-    def __init__(self, node_id: str, meta: MetaStore, router: Any) -> None:
+    def __init__(self, node_id: str, meta: MetaStore) -> None:
         self.node_id = node_id
         self.meta = meta
-        self.router = router
+        # Where forwarded messages are delivered here: the router that forwards through us,
+        # given at ``start`` (it is built with this forwarder).
+        self.router: Router | None = None
         self.links = Links(node_id, self._on_frame)
         self.links.on_blocked = self._link_blocked
         # Flow control (the MQTT adapter sets these): a forward just went into a blocked
@@ -179,8 +182,10 @@ class ClusterRouting:
         self.member_source: Callable[[], Iterable[tuple[str, str, int | None]]] | None = None
 
     # --- life cycle ---------------------------------------------------------------------------
-    async def start(self, port: int) -> int:
-        """Listen for peers and start this node's routes afresh (a restart's old ones go)."""
+    async def start(self, port: int, router: Router) -> int:
+        """Listen for peers and start this node's routes afresh (a restart's old ones go);
+        deliver what peers forward through ``router``."""
+        self.router = router
         bound = await self.links.start(port=port)
         begin, end = keys.ROUTES.range(self.node_id)
         version_key = keys.ROUTE_VERSIONS.pack(self.node_id)

@@ -1,9 +1,8 @@
 """The Queue destination type and this broker's queue service (DESIGN.md §5 Queue).
 
-``install_queues(broker)`` creates the broker's ``QueueEngine`` on its batcher, registers the
+``QueueService`` creates the broker's ``QueueEngine`` on its batcher and registers the
 ``queue`` destination type with the router (so MQTT, Kafka, HTTP and AMQP publishes reach
-queues) and starts the lease reaper.  It is idempotent: the broker calls it at start, and the
-AMQP adapter calls it too so that it works on a broker that does not.
+queues); ``start`` starts the engine and the lease reaper.
 """
 
 from __future__ import annotations
@@ -16,8 +15,11 @@ from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_core.errors import NotFound
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
+from flowmq_kas3.batcher import GroupCommitBatcher
 from flowmq_meta import keys
+from flowmq_meta.api import MetaStore
 from flowmq_meta.catalog import QUEUE, Catalog, Destination
+from flowmq_objstore.api import ObjectStore
 from flowmq_queue import QueueEngine, QueueOptions
 
 log = logging.getLogger(__name__)
@@ -60,18 +62,25 @@ class QueueDestinationType(DestinationType):
 
 
 class QueueService:
-    def __init__(self, broker: Any) -> None:
-        self.router: Router = broker.router
-        self.catalog: Catalog = broker.catalog
-        self.meta = broker.meta
+    def __init__(
+        self,
+        router: Router,
+        catalog: Catalog,
+        meta: MetaStore,
+        objects: ObjectStore,
+        batcher: GroupCommitBatcher,
+    ) -> None:
+        self.router = router
+        self.catalog = catalog
+        self.meta = meta
         self.type = QueueDestinationType(None, self.router)  # type: ignore[arg-type]
         self.engine = QueueEngine(
-            broker.meta,
-            broker.objects,
-            broker.batcher,
+            meta,
+            objects,
+            batcher,
             options=self.type.options,
             dead_letter=self._dead_letter,
-            holder=f"{broker.batcher.node_id}",
+            holder=batcher.node_id,
         )
         self.type.engine = self.engine
         self.router.register_type(self.type)
@@ -102,13 +111,3 @@ class QueueService:
         except NotFound:
             return True
         return False
-
-
-def install_queues(broker: Any) -> QueueService:
-    """The broker's queue service, created and started on first call."""
-    service = getattr(broker, "queues", None)
-    if service is None:
-        service = QueueService(broker)
-        broker.queues = service
-        service.start()
-    return service

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import flowmq_metrics as metrics
 from flowmq_core.errors import FlowMQError
@@ -53,16 +53,29 @@ class DestinationType(abc.ABC):
         when the message is durable (publishers acknowledge only then)."""
 
 
+class Forwarder(Protocol):
+    """Cross-node forwarding of Subscription messages (``flowmq_broker.cluster``)."""
+
+    # Per namespace, the routes other nodes announced; empty while this node is alone.
+    remote: dict[str, Any]
+
+    def forward(
+        self, namespace: str, message: Message, bindings: frozenset[Binding]
+    ) -> tuple[frozenset[Binding], Awaitable[None] | None]:
+        """Send ``message`` to the nodes with matching routes; returns the bindings left to
+        deliver here and what completes when the receivers confirmed a QoS > 0 message."""
+        ...
+
+
 class Router:
     """Routes a canonical topic to the bindings whose filters match it."""
 
-    def __init__(self) -> None:
+    def __init__(self, forwarder: Forwarder | None = None) -> None:
         self._tries: dict[str, RouteTrie[Binding]] = {}
         self._types: dict[str, DestinationType] = {}
         self.version = 0
         self._destinations: dict[Binding, Destination] = {}
-        # Cross-node forwarding (flowmq_broker.cluster.ClusterRouting) once the broker has it.
-        self.cluster: Any = None
+        self.forwarder = forwarder
 
     def register_type(self, dest_type: DestinationType) -> None:
         self._types[dest_type.name] = dest_type
@@ -126,9 +139,9 @@ class Router:
                     f"topic {message.topic!r} matches {binding.type} {binding.name!r}, "
                     f"but this broker does not serve {binding.type}s yet"
                 )
-        cluster = self.cluster
-        if cluster is not None and cluster.remote:
-            bindings, confirmed = cluster.forward(namespace, message, bindings)
+        forwarder = self.forwarder
+        if forwarder is not None and forwarder.remote:
+            bindings, confirmed = forwarder.forward(namespace, message, bindings)
             if confirmed is not None:
                 pending.append(confirmed)
         for binding in bindings:

@@ -19,8 +19,9 @@ from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.nodes import NodeRegistry
-from flowmq_broker.queues import QueueService, install_queues
+from flowmq_broker.queues import QueueService
 from flowmq_broker.routing import CatalogSync, Router
+from flowmq_broker.services import BrokerServices
 from flowmq_broker.streams import StreamDestinationType
 from flowmq_cluster import Gossip, GossipConfig
 from flowmq_core.config import BrokerConfig
@@ -44,8 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROTOCOL_ADAPTERS = {
-    # role: (module, factory taking the broker, config key of its port); imported only when
-    # the role is on, so a Kafka-only broker never loads the MQTT or AMQP code.
+    # role: (module, factory taking the BrokerServices, config key of its port); imported only
+    # when the role is on, so a Kafka-only broker never loads the MQTT or AMQP code.
     "mqtt": ("flowmq_broker.mqtt.server", "MqttServer.for_broker", "mqtt_port"),
     "kafka": ("flowmq_broker.kafka.server", "KafkaServer", "kafka_port"),
     "amqp": ("flowmq_broker.amqp.server", "AmqpServer", "amqp_port"),
@@ -93,7 +94,9 @@ class Broker:
         self.data_dir = Path(self.config.data_dir)
         self.meta: MetaStore | None = None
         self.objects: ObjectStore | None = None
-        self.router = Router()
+        # Built in ``start`` with its cluster forwarder, once the node id is known.
+        self.router: Router
+        self.services: BrokerServices
         self.catalog: Catalog | None = None
         self.sync: CatalogSync | None = None
         self.nodes_registry: NodeRegistry | None = None
@@ -204,6 +207,11 @@ class Broker:
             await self.catalog.ensure_namespace()
         except MetaError as exc:
             raise StartupError(f"meta store {cfg.meta}: {exc}") from None
+        http_socket = self._bind_http()
+        if not self.node_id:
+            self.node_id = f"{socket.gethostname()}-{self.ports['http']}"
+        self.cluster = ClusterRouting(self.node_id, self.meta)
+        self.router = Router(forwarder=self.cluster)
         object_owner = self._node_key()
         self.batcher = GroupCommitBatcher(self.meta, self.objects, node_id=object_owner)
         await self.batcher.start()
@@ -211,7 +219,8 @@ class Broker:
             self.meta, self.objects, self.batcher, PageCache(PAGE_CACHE_BYTES)
         )
         self.router.register_type(StreamDestinationType(self.streams, self.router))
-        self.queues = install_queues(self)
+        self.queues = QueueService(self.router, self.catalog, self.meta, self.objects, self.batcher)
+        self.queues.start()
         self.maintenance = PeriodicTask(
             "stream-maintenance",
             STREAM_MAINTENANCE_INTERVAL_S,
@@ -234,18 +243,31 @@ class Broker:
                 f"(kept in {self.data_dir / 'admin_token'}; shown only this once)",
                 flush=True,
             )
-        await self._start_http()
-        if not self.node_id:
-            self.node_id = f"{socket.gethostname()}-{self.ports['http']}"
         await self._start_cluster_links()
         await self._start_gossip()
-        for role in cfg.roles:
-            if role in PROTOCOL_ADAPTERS:
-                await self._start_adapter(role)
         self.nodes_registry = NodeRegistry(
             self.meta, self.node_id, {"roles": cfg.roles, "ports": self.ports}
         )
+        self.services = BrokerServices(
+            config=cfg,
+            node_id=self.node_id,
+            meta=self.meta,
+            objects=self.objects,
+            router=self.router,
+            catalog=self.catalog,
+            sync=self.sync,
+            streams=self.streams,
+            queues=self.queues,
+            users=self.users,
+            cluster=self.cluster,
+            nodes=self.nodes,
+            metadata_changed=self.metadata_changed,
+        )
+        for role in cfg.roles:
+            if role in PROTOCOL_ADAPTERS:
+                await self._start_adapter(role)
         await self.nodes_registry.start()
+        await self._serve_http(http_socket)
         self.maintenance.start()
         self._write_ports()
         if self.gossip is not None:
@@ -254,7 +276,23 @@ class Broker:
             "node %s ready: %s", self.node_id, ", ".join(f"{k}={v}" for k, v in self.ports.items())
         )
 
-    async def _start_http(self) -> None:
+    def _bind_http(self) -> socket.socket:
+        """Bind the HTTP port first: a node id may be derived from it.  It serves only once
+        the broker is ready (``_serve_http``).  One IPv4 socket: with no host asyncio binds
+        IPv4 and IPv6 separately, and port 0 would then give two different ports."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", self.config.http_port))
+        except OSError as exc:
+            sock.close()
+            raise StartupError(
+                f"cannot listen on HTTP port {self.config.http_port}: {exc.strerror}"
+            ) from None
+        self.ports["http"] = sock.getsockname()[1]
+        return sock
+
+    async def _serve_http(self, sock: socket.socket) -> None:
         app = create_app(self, self.admin_token, admin="admin" in self.config.roles)
         # A topic in a publish URL may be 65535 bytes (MQTT's limit), percent-encoded three
         # times that; aiohttp's default 8 KiB request line would refuse it outside our envelope.
@@ -262,17 +300,7 @@ class Broker:
             app, access_log=None, handle_signals=False, max_line_size=256 * 1024
         )
         await self._runner.setup()
-        # One IPv4 socket: with host=None asyncio binds IPv4 and IPv6 separately, and port 0
-        # would then give two different ports.
-        site = web.TCPSite(self._runner, "0.0.0.0", self.config.http_port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            await self._runner.cleanup()
-            raise StartupError(
-                f"cannot listen on HTTP port {self.config.http_port}: {exc.strerror}"
-            ) from None
-        self.ports["http"] = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await web.SockSite(self._runner, sock).start()
 
     def _node_key(self) -> str:
         """A name unique to this process for the objects it writes (node ids may be derived
@@ -316,16 +344,15 @@ class Broker:
 
     async def _start_cluster_links(self) -> None:
         """Cross-node routing: links to the peers, this node's Subscription routes."""
-        self.cluster = ClusterRouting(self.node_id, self.meta, self.router)
+        assert self.cluster is not None
         self.cluster.member_source = self._live_peers
         self.cluster.on_routes_changed = self._announce_routes
         try:
-            self.ports["cluster"] = await self.cluster.start(self.config.cluster_port)
+            self.ports["cluster"] = await self.cluster.start(self.config.cluster_port, self.router)
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on cluster port {self.config.cluster_port}: {exc.strerror}"
             ) from None
-        self.router.cluster = self.cluster
 
     def _announce_routes(self, token: str, seq: int) -> None:
         """Route changes are pushed to peers over the links; gossip tells them too, so a
@@ -350,14 +377,14 @@ class Broker:
             log.info("cluster member %s: %s -> %s", member.node_id, old and old.value, new.value)
 
     async def _start_adapter(self, role: str) -> None:
-        """Start a protocol adapter: ``cls(broker)``, ``await start(port) -> bound port``,
-        ``await stop()``.  Adapters reach the shared parts (router, catalog, streams, meta,
-        users, node id) through the broker object."""
+        """Start a protocol adapter: ``factory(services)``, ``await start(port) -> bound
+        port``, ``await stop()``.  Adapters reach the shared parts only through
+        ``BrokerServices``."""
         module_name, factory_name, port_key = PROTOCOL_ADAPTERS[role]
         factory: Any = importlib.import_module(module_name)
         for part in factory_name.split("."):
             factory = getattr(factory, part)
-        adapter = factory(self)
+        adapter = factory(self.services)
         port = getattr(self.config, port_key)
         try:
             self.ports[role] = await adapter.start(port)
@@ -383,7 +410,7 @@ class Broker:
             except Exception:
                 log.exception("could not stop the %s adapter", role)
         if self.cluster is not None:
-            self.router.cluster = None
+            self.router.forwarder = None
             await self.cluster.stop()
         if self.maintenance is not None:
             await self.maintenance.stop()

@@ -672,7 +672,7 @@ class Channel:
         if dest is not None and self.server.router.destination(Binding(QUEUE, ns, name)) is None:
             # Created through another broker, not yet applied here (gossip is on its way):
             # apply it now, so that the consume that follows the Declare-Ok finds it.
-            await self.server.broker.sync.refresh()
+            await self.server.services.sync.refresh()
         if m.passive:
             if dest is None:
                 raise ChannelError(rc.NOT_FOUND, f"no queue '{name}' in vhost '{conn.vhost}'")
@@ -711,7 +711,7 @@ class Channel:
                     dest = await self.server.catalog.get_destination(ns, name, QUEUE)
                 except (InvalidName, FlowMQError) as exc:
                     raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
-                await self.server.broker.metadata_changed()
+                await self.server.services.metadata_changed()
             for arg, option in _ARG_OPTIONS.items():
                 if arg in (m.arguments or {}) and dest.options.get(option) != wanted.get(option):
                     raise ChannelError(
@@ -810,7 +810,7 @@ class Channel:
             return
         dest.topic_filters = filters
         await catalog.update_destination(dest)
-        await self.server.broker.metadata_changed()
+        await self.server.services.metadata_changed()
 
     async def on_queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
@@ -851,7 +851,7 @@ class Channel:
                 await self.server.catalog.delete_destination(ns, name, QUEUE)
             except NotFound:
                 pass
-            await self.server.broker.metadata_changed()
+            await self.server.services.metadata_changed()
             self.server.cancel_consumers_of_durable(ns, name)
             await engine.delete(ns, name)
         if not m.nowait:

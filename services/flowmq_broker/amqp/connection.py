@@ -308,7 +308,7 @@ class AmqpConnection(asyncio.Protocol):
     def _start_ok(self, m: commands.Connection.StartOk) -> None:
         user, password = _credentials(m.mechanism, m.response)
         server = self.server
-        users = server.broker.users
+        users = server.services.users
         if user is not None and users.known(user):
             ok = users.check(user, password)
         else:

@@ -1,7 +1,6 @@
 """The AMQP 0-9-1 listener and the broker-wide AMQP state (exchanges, memory queues).
 
-``AmqpServer(broker)`` is started by the broker for the ``amqp`` role.  It needs the queue
-service (``flowmq_broker.queues.install_queues``), which it installs if the broker has not.
+``AmqpServer(services)`` is started by the broker for the ``amqp`` role.
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from pamqp import commands
 from flowmq_broker.amqp.connection import AmqpConnection
 from flowmq_broker.amqp.exchanges import ExchangeRegistry
 from flowmq_broker.amqp.memqueue import MemConsumer, MemoryQueue, MemoryQueues
-from flowmq_broker.queues import QueueService, install_queues
+from flowmq_broker.queues import QueueService
+from flowmq_broker.services import BrokerServices
 from flowmq_core.errors import InvalidName, InvalidTopic
 from flowmq_core.mapping import amqp_publish_topic
 from flowmq_wire.amqp.methods import encode_method
@@ -27,13 +27,13 @@ _TOPIC_CACHE_MAX = 100_000
 
 
 class AmqpServer:
-    def __init__(self, broker: Any) -> None:
-        self.broker = broker
-        self.router = broker.router
-        self.catalog = broker.catalog
-        self.allow_anonymous = broker.config.allow_anonymous
-        self.queues: QueueService = install_queues(broker)
-        self.exchanges = ExchangeRegistry(broker.meta)
+    def __init__(self, services: BrokerServices) -> None:
+        self.services = services
+        self.router = services.router
+        self.catalog = services.catalog
+        self.allow_anonymous = services.config.allow_anonymous
+        self.queues: QueueService = services.queues
+        self.exchanges = ExchangeRegistry(services.meta)
         self.memqueues = MemoryQueues(self.router)
         self.connections: set[AmqpConnection] = set()
         self.exclusive_consumers: dict[tuple[str, str], Any] = {}
@@ -42,9 +42,7 @@ class AmqpServer:
 
     async def start(self, port: int) -> int:
         await self.exchanges.load()
-        sync = getattr(self.broker, "sync", None)
-        if sync is not None:
-            sync.on_change.append(self.exchanges.load)
+        self.services.sync.on_change.append(self.exchanges.load)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: AmqpConnection(self), "0.0.0.0", port, reuse_address=True, backlog=1024

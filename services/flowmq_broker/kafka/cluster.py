@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,15 +42,23 @@ def _score(key: bytes, node: KafkaNode) -> bytes:
 
 
 class ClusterView:
-    def __init__(self, broker: Any, *, refresh_s: float = REFRESH_S) -> None:
-        self.broker = broker
-        self.local = KafkaNode(broker.node_id, kafka_node_id(broker.node_id), None, 0)
+    def __init__(
+        self,
+        node_id: str,
+        node_table: Callable[[], Awaitable[list[dict[str, Any]]]],
+        *,
+        refresh_s: float = REFRESH_S,
+    ) -> None:
+        self.node_id = node_id
+        # The cluster nodes API's rows: live brokers and their ports.
+        self.node_table = node_table
+        self.local = KafkaNode(node_id, kafka_node_id(node_id), None, 0)
         self.nodes: list[KafkaNode] = [self.local]
         self._owners: dict[bytes, KafkaNode] = {}
         self._refresh = PeriodicTask("kafka-cluster-view", refresh_s, self.refresh)
 
     def start(self, port: int) -> None:
-        self.local = KafkaNode(self.broker.node_id, kafka_node_id(self.broker.node_id), None, port)
+        self.local = KafkaNode(self.node_id, kafka_node_id(self.node_id), None, port)
         self._set([self.local])
         self._refresh.start()
 
@@ -63,11 +72,8 @@ class ClusterView:
             self._owners.clear()
 
     async def refresh(self) -> None:
-        # The node table is written once the broker has started every listener.
-        if getattr(self.broker, "nodes_registry", None) is None:
-            return
         found = [self.local]
-        for node in await self.broker.nodes():
+        for node in await self.node_table():
             port = node.get("ports", {}).get("kafka")
             if node.get("self") or node.get("status") != "up" or not port:
                 continue

@@ -58,7 +58,7 @@ def _wants(ctx: RequestContext, req: Any) -> list[_Want]:
 async def _read(ctx: RequestContext, want: _Want, limit: int) -> _Got:
     if want.error:
         return _Got(want.error, _EMPTY, -1, -1)
-    store = ctx.server.broker.streams
+    store = ctx.server.services.streams
     try:
         result: FetchResult = await store.fetch(
             ctx.server.namespace, want.topic, want.partition, want.offset, max(1, limit)
@@ -89,7 +89,7 @@ async def handle_fetch(ctx: RequestContext, req: Any) -> Any:
     deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
     max_bytes = req.max_bytes if ctx.version >= 3 and req.max_bytes > 0 else 1 << 30
     wants = _wants(ctx, req)
-    store = server.broker.streams
+    store = server.services.streams
     ns = server.namespace
     while True:
         got = await asyncio.gather(*(_read(ctx, w, min(w.max_bytes, max_bytes)) for w in wants))
@@ -159,7 +159,7 @@ async def _offset_for(
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1
     if timestamp < 0 and timestamp not in (LATEST_TIMESTAMP, EARLIEST_TIMESTAMP):
         return ErrorCode.UNSUPPORTED_VERSION, -1, -1
-    store = ctx.server.broker.streams
+    store = ctx.server.services.streams
     try:
         found = await store.offset_for_timestamp(ctx.server.namespace, topic, partition, timestamp)
     except Exception as exc:

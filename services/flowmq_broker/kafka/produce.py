@@ -244,7 +244,7 @@ async def _load_producers(
 
 def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) -> Any:
     server = ctx.server
-    streams = server.broker.streams
+    streams = server.services.streams
     producers = server.producers
     ns = server.namespace
     routed: list[Any] = []
@@ -379,7 +379,7 @@ def _route_elsewhere(ctx: RequestContext, name: str, part: _Part, acks: int) -> 
     """Route the records to the other destinations matching ``map(name)``; returns the
     awaitables of the durable ones.  Decoding (and decompressing) happens only here."""
     server = ctx.server
-    router = server.broker.router
+    router = server.services.router
     ns = server.namespace
     canonical = kafka_to_canonical(name)
     own = Binding(STREAM, ns, name)

@@ -47,7 +47,7 @@ def _check_plain(conn: KafkaConnection, token: bytes) -> str | None:
         return None
     if authzid and authzid != user:
         return None
-    if not conn.server.broker.users.check(name, password):
+    if not conn.server.services.users.check(name, password):
         return None
     return name
 

@@ -22,6 +22,7 @@ from flowmq_broker.kafka.connection import KafkaConnection
 from flowmq_broker.kafka.coordinator import GroupCoordinator
 from flowmq_broker.kafka.idempotence import ProducerStates
 from flowmq_broker.kafka.topics import TopicManager
+from flowmq_broker.services import BrokerServices
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_meta.group_offsets import GroupOffsetStore
 from flowmq_wire.kafka import API_NAMES, DEFAULT_MAX_FRAME, FrameSplitter, api_name
@@ -71,15 +72,17 @@ API_TABLE: list[tuple[int, int, int, Callable[[Any, Any], Any]]] = [
 
 
 class KafkaServer:
-    def __init__(self, broker: Any, *, max_request_size: int = DEFAULT_MAX_FRAME) -> None:
-        self.broker = broker
+    def __init__(
+        self, services: BrokerServices, *, max_request_size: int = DEFAULT_MAX_FRAME
+    ) -> None:
+        self.services = services
         self.namespace = DEFAULT_NAMESPACE
         self.max_request_size = max_request_size
-        self.allow_anonymous = bool(getattr(broker.config, "allow_anonymous", True))
-        self.cluster = ClusterView(broker)
-        self.topics = TopicManager(broker, self.namespace)
-        self.offsets = GroupOffsetStore(broker.meta)
-        self.producers = ProducerStates(broker.meta)
+        self.allow_anonymous = services.config.allow_anonymous
+        self.cluster = ClusterView(services.node_id, services.nodes)
+        self.topics = TopicManager(services, self.namespace)
+        self.offsets = GroupOffsetStore(services.meta)
+        self.producers = ProducerStates(services.meta)
         self.coordinator = GroupCoordinator()
         self.topics.on_deleted.append(self._forget_topic)
         self.apis: dict[int, ApiSpec] = {

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from flowmq_broker.routing import Binding
+from flowmq_broker.services import BrokerServices
 from flowmq_core.errors import AlreadyExists, InvalidName, NameCollision, NotFound
 from flowmq_core.mapping import kafka_to_canonical, validate_kafka_topic_name
 from flowmq_kas3.retention import delete_partition
@@ -79,10 +80,10 @@ def options_from_configs(
 
 
 class TopicManager:
-    def __init__(self, broker: Any, namespace: str = DEFAULT_NAMESPACE) -> None:
-        self.broker = broker
+    def __init__(self, services: BrokerServices, namespace: str = DEFAULT_NAMESPACE) -> None:
+        self.services = services
         self.namespace = namespace
-        self.auto_create = bool(getattr(broker.config, "kafka_auto_create_topics", True))
+        self.auto_create = services.config.kafka_auto_create_topics
         self._ids: dict[tuple[str, int], uuid.UUID] = {}
         self._by_id: dict[uuid.UUID, str] = {}
         self._creating: dict[str, asyncio.Future[Destination]] = {}
@@ -92,12 +93,12 @@ class TopicManager:
     # -- look-up (memory only) -----------------------------------------------------------------
 
     def get(self, name: str) -> Destination | None:
-        return self.broker.router.destination(Binding(STREAM, self.namespace, name))
+        return self.services.router.destination(Binding(STREAM, self.namespace, name))
 
     def all(self) -> list[Destination]:
         found = [
             d
-            for d in self.broker.router.destinations()
+            for d in self.services.router.destinations()
             if d.type == STREAM and d.namespace == self.namespace
         ]
         found.sort(key=lambda d: d.name)
@@ -162,13 +163,13 @@ class TopicManager:
                 raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             return dest
         try:
-            created = await self.broker.catalog.create_destination(dest)
+            created = await self.services.catalog.create_destination(dest)
         except AlreadyExists as exc:
             raise TopicError(ErrorCode.TOPIC_ALREADY_EXISTS, exc.message) from None
         except (NameCollision, InvalidName) as exc:
             raise TopicError(ErrorCode.INVALID_TOPIC_EXCEPTION, exc.message) from None
         if notify:
-            await self.broker.metadata_changed()
+            await self.services.metadata_changed()
         log.info("kafka: created topic %s with %d partitions", name, partitions)
         return created
 
@@ -221,7 +222,7 @@ class TopicManager:
             results = await asyncio.gather(
                 *(self.create(n, notify=False) for n in names), return_exceptions=True
             )
-            await self.broker.metadata_changed()
+            await self.services.metadata_changed()
         except Exception as exc:
             log.warning("kafka: auto-created topics may route late: %s", exc)
         finally:
@@ -249,15 +250,15 @@ class TopicManager:
         dest = self.get(name)
         try:
             if dest is None:
-                dest = await self.broker.catalog.get_destination(self.namespace, name, STREAM)
-            await self.broker.catalog.delete_destination(self.namespace, name, STREAM)
+                dest = await self.services.catalog.get_destination(self.namespace, name, STREAM)
+            await self.services.catalog.delete_destination(self.namespace, name, STREAM)
         except NotFound:
             raise TopicError(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
             ) from None
-        await self.broker.metadata_changed()
+        await self.services.metadata_changed()
         for partition in range(partition_count(dest)):
-            await delete_partition(self.broker.meta, self.namespace, name, partition)
+            await delete_partition(self.services.meta, self.namespace, name, partition)
         for callback in self.on_deleted:
             await callback(name)
         log.info("kafka: deleted topic %s", name)
@@ -281,12 +282,12 @@ class TopicManager:
             return
         grown = dataclasses.replace(dest, options={**dest.options, "partitions": count})
         try:
-            await self.broker.catalog.update_destination(grown)
+            await self.services.catalog.update_destination(grown)
         except NotFound:
             raise TopicError(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"
             ) from None
-        await self.broker.metadata_changed()
+        await self.services.metadata_changed()
 
 
 __all__ = [

@@ -365,7 +365,7 @@ class MqttConnection(asyncio.Protocol):
 
         server = self.server
         key = (self.namespace, client_id)
-        cluster = server.router.cluster
+        cluster = server.cluster
         in_cluster = cluster is not None and cluster.has_peers
         # Without clean start the session may be on another node, or have outlived a dead
         # one (its record is in the meta store): take it over first.  Else tell the others
@@ -391,7 +391,7 @@ class MqttConnection(asyncio.Protocol):
             if fetch:
                 await server.fetch_session(self.namespace, self.client_id)
                 # Its subscriptions are routed here once CONNACK goes out, as after a SUBACK.
-                cluster = server.router.cluster
+                cluster = server.cluster
                 routed = cluster.routes_published() if cluster is not None else None
                 if routed is not None:
                     await routed
@@ -848,7 +848,7 @@ class MqttConnection(asyncio.Protocol):
         server.update_subscription_gauge()
         if session.persistent():
             self._loop.create_task(self._log_failure(server.save_session(session)))
-        cluster = server.router.cluster
+        cluster = server.cluster
         routed = cluster.routes_published() if cluster is not None else None
         if routed is None:
             self._finish_subscribe(p.packet_id, codes, retained_to_send)

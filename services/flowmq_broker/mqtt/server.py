@@ -16,12 +16,13 @@ import time
 from typing import Any, NamedTuple
 
 import flowmq_metrics as metrics
-from flowmq_broker.cluster import decode_message, encode_message
+from flowmq_broker.cluster import ClusterRouting, decode_message, encode_message
 from flowmq_broker.mqtt.offline import OfflineStore
 from flowmq_broker.mqtt.retained import RetainedStore
 from flowmq_broker.mqtt.session import MAX_QUEUED, NEVER_EXPIRES, Session, Subscription
 from flowmq_broker.nodes import read_node_table
 from flowmq_broker.routing import Binding, DestinationType, Router
+from flowmq_broker.services import BrokerServices
 from flowmq_core.message import Message
 from flowmq_core.topics import matches
 from flowmq_meta import keys
@@ -84,8 +85,11 @@ class MqttServer:
         max_packet_size: int = 1024 * 1024,
         max_keep_alive: int = 65535,
         offline: OfflineStore | None = None,
+        cluster: ClusterRouting | None = None,
     ) -> None:
         self.router = router
+        # Sessions, routes and retained messages on other nodes (None: a broker alone).
+        self.cluster = cluster
         self.meta = meta
         self.users = users
         self.node_id = node_id
@@ -117,17 +121,18 @@ class MqttServer:
         router.register_type(self._shared)
 
     @classmethod
-    def for_broker(cls, broker: Any) -> MqttServer:
+    def for_broker(cls, services: BrokerServices) -> MqttServer:
         """The adapter factory the broker process calls (see ``PROTOCOL_ADAPTERS``)."""
         return cls(
-            broker.router,
-            broker.meta,
-            broker.objects,
-            broker.users,
-            node_id=broker.node_id,
-            allow_anonymous=broker.config.allow_anonymous,
-            max_keep_alive=broker.config.mqtt_max_keep_alive,
-            offline=OfflineStore(broker.queues.engine) if broker.queues else None,
+            services.router,
+            services.meta,
+            services.objects,
+            services.users,
+            node_id=services.node_id,
+            allow_anonymous=services.config.allow_anonymous,
+            max_keep_alive=services.config.mqtt_max_keep_alive,
+            offline=OfflineStore(services.queues.engine),
+            cluster=services.cluster,
         )
 
     # --- life cycle ---------------------------------------------------------------------
@@ -136,7 +141,7 @@ class MqttServer:
 
         await self.retained.load()
         await self.restore_sessions()
-        cluster = self.router.cluster
+        cluster = self.cluster
         if cluster is not None:
             cluster.requests["mqtt.takeover"] = self._on_takeover
             cluster.handlers["mqtt.retain"] = self._on_retained
@@ -192,13 +197,13 @@ class MqttServer:
             if session.client_id not in members:
                 members.append(session.client_id)
         self.router.bind(binding, sub.topic_filter)
-        if self.router.cluster is not None:
-            self.router.cluster.local_added(ns, name)
+        if self.cluster is not None:
+            self.cluster.local_added(ns, name)
 
     def unbind(self, session: Session, sub: Subscription) -> None:
         ns, name = session.namespace, sub.subscribed_filter
-        if self.router.cluster is not None:
-            self.router.cluster.local_removed(ns, name)
+        if self.cluster is not None:
+            self.cluster.local_removed(ns, name)
         if sub.shared_group is None:
             self.router.unbind(Binding(SUBSCRIPTION, ns, session.client_id), sub.topic_filter)
             return
@@ -284,7 +289,7 @@ class MqttServer:
     async def fetch_session(self, namespace: str, client_id: str) -> Session | None:
         """A client reconnects here without a clean start, its session not here: take it over
         from the node that holds it, or from its stored record if that node is gone."""
-        cluster = self.router.cluster
+        cluster = self.cluster
         replies = []
         if cluster is not None and cluster.has_peers:
             replies = await cluster.request_all(
@@ -309,7 +314,7 @@ class MqttServer:
     def kick(self, namespace: str, client_id: str, *, clean: bool) -> None:
         """Tell every other node to end its connection and session of ``client_id``
         (``clean``: the client started clean, so what was stored for it goes too)."""
-        cluster = self.router.cluster
+        cluster = self.cluster
         if cluster is not None and cluster.has_peers:
             cluster.broadcast(["mqtt.takeover", 0, namespace, client_id, False, clean])
 
@@ -334,7 +339,7 @@ class MqttServer:
         return when_stored()
 
     def _retained_changed(self, namespace: str, message: Message) -> None:
-        cluster = self.router.cluster
+        cluster = self.cluster
         if cluster is not None and cluster.has_peers:
             cluster.broadcast(["mqtt.retain", namespace, encode_message(message)])
 
@@ -422,7 +427,7 @@ class MqttServer:
 
     def forwarding_link(self) -> Any:
         """The inter-broker link the message being delivered came in on, if any."""
-        cluster = self.router.cluster
+        cluster = self.cluster
         return cluster.receiving if cluster is not None else None
 
     def hold_link(self, link: Any, subscriber: Any) -> None:
@@ -487,7 +492,7 @@ class MqttServer:
             if "shared" in out.properties and not out.released
         ]
         orphans += [(m, extra["shared"]) for m, _, _, extra in session.queue if "shared" in extra]
-        cluster = self.router.cluster
+        cluster = self.cluster
         for message, group in orphans:
             if self.shared_groups.get((session.namespace, group)):
                 self._shared.accept(Binding(SHARED, session.namespace, group), message)

@@ -34,13 +34,12 @@ class Recorder(DestinationType):
 
 class Node:
     def __init__(self, node_id: str, meta: MemoryMetaStore) -> None:
-        self.router = Router()
+        self.cluster = ClusterRouting(node_id, meta)
+        self.router = Router(forwarder=self.cluster)
         self.plain = Recorder("subscription")
         self.shared = Recorder("shared", one_member=True)
         self.router.register_type(self.plain)
         self.router.register_type(self.shared)
-        self.cluster = ClusterRouting(node_id, meta, self.router)
-        self.router.cluster = self.cluster
         self.port = 0
 
     def subscribe(self, client: str, topic_filter: str) -> asyncio.Future | None:
@@ -61,7 +60,7 @@ async def nodes():
     meta = MemoryMetaStore()
     a, b, c = Node("a", meta), Node("b", meta), Node("c", meta)
     for node in (a, b, c):
-        node.port = await node.cluster.start(0)
+        node.port = await node.cluster.start(0, node.router)
     everyone = [("a", "127.0.0.1", a.port), ("b", "127.0.0.1", b.port), ("c", "127.0.0.1", c.port)]
     for node in (a, b, c):
         node.cluster.set_members(everyone)

@@ -604,16 +604,22 @@ class Gossip:
         if old != Status.ALIVE or meta_changed:
             self._changed(m, old)
 
-    def _apply_suspect(self, u: dict[str, Any]) -> None:
-        node_id, inc = u["n"], int(u["i"])
+    def _accused(self, node_id: str, inc: int) -> Member | None:
+        """The member a suspect or dead update about ``node_id`` at incarnation ``inc``
+        applies to; None when it is stale or about this node (which refutes it instead)."""
         if node_id == self.node_id:
             if not self._leaving and inc >= self._self.incarnation:
                 self._refute(inc)
-            return
+            return None
         m = self._members.get(node_id)
         if m is None or inc < m.incarnation or m.status in (Status.DEAD, Status.LEFT):
-            return
-        if m.status == Status.SUSPECT and inc == m.incarnation:
+            return None
+        return m
+
+    def _apply_suspect(self, u: dict[str, Any]) -> None:
+        node_id, inc = u["n"], int(u["i"])
+        m = self._accused(node_id, inc)
+        if m is None or (m.status == Status.SUSPECT and inc == m.incarnation):
             return
         old = m.status
         m.incarnation = inc
@@ -635,12 +641,8 @@ class Gossip:
 
     def _apply_dead(self, u: dict[str, Any], status: Status) -> None:
         node_id, inc = u["n"], int(u["i"])
-        if node_id == self.node_id:
-            if not self._leaving and inc >= self._self.incarnation:
-                self._refute(inc)
-            return
-        m = self._members.get(node_id)
-        if m is None or inc < m.incarnation or m.status in (Status.DEAD, Status.LEFT):
+        m = self._accused(node_id, inc)
+        if m is None:
             return
         old = m.status
         m.incarnation = inc

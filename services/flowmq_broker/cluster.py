@@ -135,9 +135,20 @@ def _route_parts(route_filter: str) -> tuple[str, str | None]:
 class ClusterRouting:
     """This broker's side of cross-node routing; the Router calls ``forward`` on publish."""
 
-    def __init__(self, node_id: str, meta: MetaStore) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        meta: MetaStore,
+        *,
+        members: Callable[[], Iterable[tuple[str, str, int | None]]] | None = None,
+        on_routes_changed: Callable[[str, int], None] | None = None,
+    ) -> None:
         self.node_id = node_id
         self.meta = meta
+        # Where the live peers come from (gossip); anti-entropy re-reads it every second.
+        self.member_source = members
+        # Told of each committed route version (the broker gossips it).
+        self.on_routes_changed = on_routes_changed
         # Where forwarded messages are delivered here: the router that forwards through us,
         # given at ``start`` (it is built with this forwarder).
         self.router: Router | None = None
@@ -176,10 +187,6 @@ class ClusterRouting:
         self._poll = PeriodicTask("route-anti-entropy", ANTI_ENTROPY_S, self.anti_entropy)
         # What else the survivor that cleans up after a dead node takes over (MQTT sessions).
         self.on_node_dead: list[Callable[[str], Awaitable[Any]]] = []
-        # Told of each committed route version (the broker gossips it).
-        self.on_routes_changed: Callable[[str, int], None] | None = None
-        # Where the live peers come from (gossip); anti-entropy re-reads it every second.
-        self.member_source: Callable[[], Iterable[tuple[str, str, int | None]]] | None = None
 
     # --- life cycle ---------------------------------------------------------------------------
     async def start(self, port: int, router: Router) -> int:

@@ -35,12 +35,10 @@ def session_queue_name(client_id: str) -> str:
     return SESSION_QUEUE_PREFIX + client_id
 
 
-class QueueDestinationType(DestinationType):
-    name = QUEUE
-    durable = True
+class QueueSettings:
+    """Each queue's options, read from the router's catalog copy (no meta-store read)."""
 
-    def __init__(self, engine: QueueEngine, router: Router) -> None:
-        self.engine = engine
+    def __init__(self, router: Router) -> None:
         self.router = router
         self._options: dict[int, tuple[Destination, QueueOptions]] = {}
 
@@ -55,6 +53,15 @@ class QueueDestinationType(DestinationType):
                 self._options.clear()
             hit = self._options[id(dest)] = (dest, QueueOptions.of(dest))
         return hit[1]
+
+
+class QueueDestinationType(DestinationType):
+    name = QUEUE
+    durable = True
+
+    def __init__(self, engine: QueueEngine, settings: QueueSettings) -> None:
+        self.engine = engine
+        self.options = settings.options
 
     def accept(self, binding: Binding, message: Message) -> asyncio.Future[int]:
         opts = self.options(binding.namespace, binding.name) or QueueOptions()
@@ -73,16 +80,16 @@ class QueueService:
         self.router = router
         self.catalog = catalog
         self.meta = meta
-        self.type = QueueDestinationType(None, self.router)  # type: ignore[arg-type]
+        settings = QueueSettings(router)
         self.engine = QueueEngine(
             meta,
             objects,
             batcher,
-            options=self.type.options,
+            options=settings.options,
             dead_letter=self._dead_letter,
             holder=batcher.node_id,
         )
-        self.type.engine = self.engine
+        self.type = QueueDestinationType(self.engine, settings)
         self.router.register_type(self.type)
         self._reaper = PeriodicTask("queue-reaper", REAPER_INTERVAL_S, self.reap_once)
 

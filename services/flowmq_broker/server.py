@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import socket
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from flowmq_broker.queues import QueueService
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.streams import StreamDestinationType
-from flowmq_cluster import Gossip, GossipConfig
+from flowmq_cluster import Gossip, GossipConfig, Member, Status
 from flowmq_core.config import BrokerConfig
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
@@ -69,7 +70,7 @@ def _advertised_host() -> str:
         return "127.0.0.1"
 
 
-def _liveness(member: Any) -> dict[str, str]:
+def _liveness(member: Member) -> dict[str, str]:
     """A gossip member's state as the cluster nodes API shows it (SWIM counts suspects live)."""
     status = member.status.value
     return {"status": "up" if status in ("alive", "suspect") else "down", "gossip": status}
@@ -210,7 +211,12 @@ class Broker:
         http_socket = self._bind_http()
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{self.ports['http']}"
-        self.cluster = ClusterRouting(self.node_id, self.meta)
+        self.cluster = ClusterRouting(
+            self.node_id,
+            self.meta,
+            members=self._live_peers,
+            on_routes_changed=self._announce_routes,
+        )
         self.router = Router(forwarder=self.cluster)
         object_owner = self._node_key()
         self.batcher = GroupCommitBatcher(self.meta, self.objects, node_id=object_owner)
@@ -345,8 +351,6 @@ class Broker:
     async def _start_cluster_links(self) -> None:
         """Cross-node routing: links to the peers, this node's Subscription routes."""
         assert self.cluster is not None
-        self.cluster.member_source = self._live_peers
-        self.cluster.on_routes_changed = self._announce_routes
         try:
             self.ports["cluster"] = await self.cluster.start(self.config.cluster_port, self.router)
         except OSError as exc:
@@ -368,7 +372,7 @@ class Broker:
             for m in self.gossip.members()
         ]
 
-    def _member_changed(self, member: Any, old: Any, new: Any) -> None:
+    def _member_changed(self, member: Member, old: Status | None, new: Status) -> None:
         assert self.gossip is not None
         metrics.gossip_cluster_size.set(len(self.gossip.members()))
         if self.cluster is not None:
@@ -399,38 +403,35 @@ class Broker:
         os.replace(tmp, path)
 
     async def stop(self) -> None:
+        """Stop in the reverse order of start; a step that fails is logged and the rest
+        still run, so the meta store is closed (and its lock released) whatever happens."""
         if self.gossip is not None:
-            try:
-                await self.gossip.stop(leave=True)
-            except Exception:
-                log.exception("could not leave the cluster")
+            await _logged("leave the cluster", self.gossip.stop(leave=True))
         for role, adapter in list(self.adapters.items()):
-            try:
-                await adapter.stop()
-            except Exception:
-                log.exception("could not stop the %s adapter", role)
+            await _logged(f"stop the {role} adapter", adapter.stop())
         if self.cluster is not None:
             self.router.forwarder = None
-            await self.cluster.stop()
+            await _logged("stop cross-node routing", self.cluster.stop())
         if self.maintenance is not None:
-            await self.maintenance.stop()
+            await _logged("stop stream maintenance", self.maintenance.stop())
         if self.queues is not None:
-            await self.queues.stop()
+            await _logged("stop the queues", self.queues.stop())
         if self.sync is not None:
-            await self.sync.stop()
+            await _logged("stop the catalog sync", self.sync.stop())
         if self.batcher is not None:
-            try:
-                await self.batcher.close()
-            except Exception:
-                log.exception("could not flush the batcher")
+            await _logged("flush the batcher", self.batcher.close())
         if self.nodes_registry is not None:
-            try:
-                await self.nodes_registry.stop()
-            except Exception:
-                log.exception("could not remove node entry")
+            await _logged("remove the node entry", self.nodes_registry.stop())
         if self._runner is not None:
-            await self._runner.cleanup()
+            await _logged("stop the HTTP listener", self._runner.cleanup())
         if self.objects is not None:
-            await self.objects.close()
+            await _logged("close the object store", self.objects.close())
         if self.meta is not None:
-            await self.meta.close()
+            await _logged("close the meta store", self.meta.close())
+
+
+async def _logged(what: str, step: Awaitable[Any]) -> None:
+    try:
+        await step
+    except Exception:
+        log.exception("could not %s", what)

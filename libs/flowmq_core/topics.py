@@ -9,16 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flowmq_core.errors import InvalidFilter, InvalidTopic
-
-MAX_TOPIC_BYTES = 65535
-"""MQTT length prefix limit (UTF-8 bytes), applied to topics and filters alike."""
+from flowmq_core.limits import MAX_NAME_BYTES, MAX_TOPIC_BYTES, MAX_TOPIC_LEVELS, utf8_size
 
 SHARE_PREFIX = "$share/"
 _SHARE_LEVEL = "$share"
 
 
 def _check_common(text: str, what: str, exc: type[InvalidTopic] | type[InvalidFilter]) -> None:
-    """Rules topics and filters share: type, non-empty, no U+0000, well-formed, length."""
+    """Rules topics and filters share: type, non-empty, no U+0000, well-formed, length and
+    levels within ``flowmq_core.limits``."""
     if not isinstance(text, str):
         raise exc(f"{what} must be a str, not {type(text).__name__}", details={what: repr(text)})
     if not text:
@@ -36,7 +35,13 @@ def _check_common(text: str, what: str, exc: type[InvalidTopic] | type[InvalidFi
     if size > MAX_TOPIC_BYTES:
         raise exc(
             f"{what} is {size} UTF-8 bytes, longer than the maximum of {MAX_TOPIC_BYTES}",
-            details={"length": size, "max": MAX_TOPIC_BYTES},
+            details={"length": size, "max": MAX_TOPIC_BYTES, "limit": "topic_bytes"},
+        )
+    levels = text.count("/") + 1
+    if levels > MAX_TOPIC_LEVELS:
+        raise exc(
+            f"{what} has {levels} levels, more than the maximum of {MAX_TOPIC_LEVELS}",
+            details={"levels": levels, "max": MAX_TOPIC_LEVELS, "limit": "topic_levels"},
         )
 
 
@@ -155,6 +160,11 @@ def parse_shared(filter: str) -> SharedFilter | None:
             f"shared subscription group {group!r} must not contain '+' or '#'",
             details={"filter": filter, "group": group},
         )
+    if utf8_size(group) > MAX_NAME_BYTES:
+        raise InvalidFilter(
+            f"shared subscription group name is longer than {MAX_NAME_BYTES} bytes",
+            details={"max": MAX_NAME_BYTES, "limit": "name_bytes"},
+        )
     _check_common(filter, "filter", InvalidFilter)  # length / NUL / UTF-8 of the whole thing
     try:
         validate_filter(inner)
@@ -176,6 +186,7 @@ def validate_subscription_filter(filter: str) -> SharedFilter | None:
 
 __all__ = [
     "MAX_TOPIC_BYTES",
+    "MAX_TOPIC_LEVELS",
     "SHARE_PREFIX",
     "SharedFilter",
     "decode_topic",

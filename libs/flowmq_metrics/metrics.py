@@ -51,6 +51,14 @@ broker_stream_subscriptions = Gauge(
     registry=REGISTRY,
 )
 
+# --- limits (DESIGN.md §13) -------------------------------------------------------------
+limits_rejections_count = Counter(
+    "limits_rejections_count",
+    "Client input refused at the protocol edge for exceeding a limit (topic_bytes, "
+    "topic_levels, name_bytes, client_id_bytes, ...).",
+    ("limit",),
+)
+
 # --- MQTT ------------------------------------------------------------------------------
 mqtt_connections = Gauge(
     "mqtt_connections", "Open MQTT connections.", ("namespace",), registry=REGISTRY

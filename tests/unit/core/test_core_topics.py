@@ -3,6 +3,7 @@ import pytest
 from flowmq_core.errors import FlowMQError, InvalidFilter, InvalidTopic
 from flowmq_core.topics import (
     MAX_TOPIC_BYTES,
+    MAX_TOPIC_LEVELS,
     SharedFilter,
     decode_topic,
     is_wildcard,
@@ -18,7 +19,20 @@ from flowmq_core.topics import (
 
 @pytest.mark.parametrize(
     "topic",
-    ["a", "a/b/c", "/", "//", "a//b", "/a", "a/", "$SYS/broker", " ", "ünïcødé/✓", "a" * 65535],
+    [
+        "a",
+        "a/b/c",
+        "/",
+        "//",
+        "a//b",
+        "/a",
+        "a/",
+        "$SYS/broker",
+        " ",
+        "ünïcødé/✓",
+        "a" * 4096,
+        "/".join("a" * 128),
+    ],
 )
 def test_validate_topic_accepts(topic):
     validate_topic(topic)
@@ -32,8 +46,10 @@ def test_validate_topic_accepts(topic):
         ("a/+/b", "wildcard"),
         ("a/#", "wildcard"),
         ("a+", "wildcard"),
-        ("a" * 65536, "longer than"),
-        ("é" * 32768, "longer than"),  # 65536 UTF-8 bytes, only 32768 characters
+        ("a" * 4097, "longer than"),
+        ("é" * 2049, "longer than"),  # 4098 UTF-8 bytes, only 2049 characters
+        ("/".join("a" * 129), "129 levels"),
+        ("/" * 128, "129 levels"),
         ("a\ud800", "UTF-8"),
     ],
 )
@@ -46,7 +62,7 @@ def test_validate_topic_rejects(topic, fragment):
 
 
 def test_validate_topic_multibyte_at_limit():
-    validate_topic("é" * 32767 + "a")  # 65535 bytes exactly
+    validate_topic("é" * 2047 + "ab")  # 4096 bytes exactly
 
 
 def test_validate_topic_rejects_non_str():
@@ -209,7 +225,9 @@ def test_parse_shared():
         ("$share/g/a/#/b", "last level"),
         ("$share/g/a+", "whole level"),
         ("$share/g\x00/a", "U\\+0000"),
-        ("$share/g/" + "a" * 65535, "longer than"),
+        ("$share/g/" + "a" * 4096, "longer than"),
+        ("$share/g/" + "a/" * 127 + "a", "levels"),
+        ("$share/" + "g" * 256 + "/a", "longer than 255 bytes"),
     ],
 )
 def test_parse_shared_rejects(f, fragment):
@@ -235,5 +253,8 @@ def test_validate_subscription_filter():
         validate_subscription_filter(None)  # type: ignore[arg-type]
 
 
-def test_max_topic_bytes_constant():
-    assert MAX_TOPIC_BYTES == 65535
+def test_topic_limits_are_emqx_defaults():
+    """4,096 bytes and 128 levels, as EMQX ships (``mqtt.max_topic_levels``); the meta-store
+    key budget test holds them to the 10,000-byte keys."""
+    assert MAX_TOPIC_BYTES == 4096
+    assert MAX_TOPIC_LEVELS == 128

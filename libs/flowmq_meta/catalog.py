@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, overload
 
 from flowmq_core.errors import AlreadyExists, FlowMQError, InvalidName, NameCollision, NotFound
 from flowmq_core.mapping import (
@@ -222,18 +222,60 @@ class Catalog:
 
         return await self.store.transact(txn)
 
-    async def update_destination(self, dest: Destination) -> Destination:
-        validate_destination(dest)
+    @overload
+    async def update_destination(self, dest: Destination, /) -> Destination: ...
+
+    @overload
+    async def update_destination(
+        self,
+        namespace: str,
+        name: str,
+        dest_type: str,
+        change: Callable[[Destination], Destination],
+        /,
+    ) -> Destination: ...
+
+    async def update_destination(
+        self,
+        target: Destination | str,
+        name: str | None = None,
+        dest_type: str | None = None,
+        change: Callable[[Destination], Destination] | None = None,
+        /,
+    ) -> Destination:
+        """Change a destination in one transaction: ``change`` gets the record as that
+        transaction reads it and returns the new one, so an update committed meanwhile is
+        built upon, never overwritten.  ``change`` may run more than once (a transaction is
+        retried on conflict) and may raise to refuse; it cannot rename or retype.
+
+        ``update_destination(dest)`` replaces the whole record with ``dest``: a caller that
+        built ``dest`` from a record it read before loses changes made since then."""
+        if isinstance(target, Destination):
+            whole = target
+            namespace, name, dest_type = whole.namespace, whole.name, whole.type
+
+            def change(current: Destination) -> Destination:
+                return whole
+
+        else:
+            namespace = target
+        assert name is not None and dest_type is not None and change is not None
+        key = keys.DESTINATIONS.pack(namespace, name)
 
         def txn(tr: Transaction) -> Destination:
-            current = _of_type(tr.get(keys.DESTINATIONS.pack(dest.namespace, dest.name)), dest.type)
+            current = _of_type(tr.get(key), dest_type)
             if current is None:
-                raise NotFound(f"{dest.type} {dest.name!r} does not exist in {dest.namespace!r}")
-            updated = dataclasses.replace(dest, created_at_ms=current.created_at_ms)
+                raise NotFound(f"{dest_type} {name!r} does not exist in {namespace!r}")
+            created_at_ms = current.created_at_ms
+            changed = change(current)
+            if (changed.type, changed.namespace, changed.name) != (dest_type, namespace, name):
+                raise InvalidName(f"an update cannot rename or retype {dest_type} {name!r}")
+            validate_destination(changed)
+            updated = dataclasses.replace(changed, created_at_ms=created_at_ms)
             updated.version = record_change(
-                tr, "destination.updated", {"namespace": dest.namespace, "name": dest.name}
+                tr, "destination.updated", {"namespace": namespace, "name": name}
             )
-            tr.set(keys.DESTINATIONS.pack(dest.namespace, dest.name), updated.to_json())
+            tr.set(key, updated.to_json())
             return updated
 
         return await self.store.transact(txn)

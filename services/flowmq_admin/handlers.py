@@ -189,11 +189,13 @@ def get_handler(resource: DestinationResource):
 def update_handler(resource: DestinationResource):
     async def handler(request: web.Request, backend: AdminBackend) -> Any:
         body = await read_json_body(request, resource.update_schema)
-        current = await backend.catalog.get_destination(
-            namespace_of(request), request.match_info["name"], resource.type
+
+        def change(current: Destination) -> Destination:
+            return resource.build(current.namespace, current.name, body, current)
+
+        updated = await backend.catalog.update_destination(
+            namespace_of(request), request.match_info["name"], resource.type, change
         )
-        dest = resource.build(current.namespace, current.name, body, current)
-        updated = await backend.catalog.update_destination(dest)
         await backend.metadata_changed()
         return resource.view(updated)
 

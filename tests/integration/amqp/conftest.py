@@ -19,7 +19,12 @@ import pika
 import pytest
 from pamqp import commands, frame, header
 
-from tests.fixtures.brokers import broker_fixtures, no_broker_tracebacks, uid  # noqa: F401
+from tests.fixtures.brokers import (  # noqa: F401
+    broker_fixtures,
+    logged_errors,
+    no_broker_tracebacks,
+    uid,
+)
 from tests.fixtures.inprocess import broker_config
 from tests.fixtures.threaded_broker import ThreadedBroker
 
@@ -164,8 +169,11 @@ def raw(broker) -> Iterator[Callable[[], RawAmqp]]:
 
 # --- an in-process broker ------------------------------------------------------------------
 @pytest.fixture
-def inproc(tmp_path) -> Iterator[ThreadedBroker]:
+def inproc(tmp_path, caplog) -> Iterator[ThreadedBroker]:
+    """An in-process broker; like the subprocess ones, it must log no error during the test."""
     config = broker_config(tmp_path / "data", node_id="amqp-test")
     tb = ThreadedBroker(config, timeout=TIMEOUT).start()
     yield tb
+    errors = logged_errors(caplog)
     tb.stop()
+    assert not errors, errors

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import queue
 import re
 import socket
@@ -47,7 +46,12 @@ from flowmq_wire.mqtt.packets import (
     SubscriptionOptions,
     Will,
 )
-from tests.fixtures.brokers import broker_fixtures, no_broker_tracebacks, uid  # noqa: F401
+from tests.fixtures.brokers import (  # noqa: F401
+    broker_fixtures,
+    logged_errors,
+    no_broker_tracebacks,
+    uid,
+)
 from tests.fixtures.inprocess import broker_config
 from tests.fixtures.threaded_broker import ThreadedBroker as SharedThreadedBroker
 from tests.fixtures.waiting import wait_until as _wait_until
@@ -82,14 +86,9 @@ def inproc_broker(tmp_path, caplog) -> Iterator[ThreadedBroker]:
     """An in-process broker; like the subprocess ones, it must log no error during the test."""
     tb = ThreadedBroker(tmp_path / "data").start()
     yield tb
-    errors = [
-        r
-        for phase in ("setup", "call")
-        for r in caplog.get_records(phase)
-        if r.levelno >= logging.ERROR and r.name.startswith("flowmq")
-    ]
+    errors = logged_errors(caplog)
     tb.stop()
-    assert not errors, [f"{r.name}: {r.getMessage()}" for r in errors]
+    assert not errors, errors
 
 
 # --- paho ---------------------------------------------------------------------------------

@@ -69,12 +69,39 @@ def test_denied_subscribe_v5_and_v311(authz, clients):
     assert ("subscribe", "a/secret/x", "alice") in authz.calls
 
 
-def test_denied_subscribe_is_not_active(authz, clients):
+class DenySecretSubscriptionsOf(Authorizer):
+    """Denies one client's subscriptions to filters with a ``secret`` level; allows everything
+    else, publishes to ``secret/...`` included."""
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+
+    def allow(self, client_id: str, username: str | None, action: str, topic: str) -> bool:
+        refused = action == "subscribe" and client_id == self.client_id
+        return not (refused and "secret" in topic.split("/"))
+
+
+def test_denied_subscribe_is_not_active(inproc_broker, clients):
+    """A refused filter matches nothing, checked against a control client granted the same
+    filter: the publish reaches the control, and not the refused client."""
+
+    def install() -> None:
+        inproc_broker.broker.mqtt.authorizer = DenySecretSubscriptionsOf("denied-sub")
+
+    inproc_broker.call(install)
     sub = connected(clients.paho, "denied-sub", v5=True)
     assert sub.subscribe("secret/#", 1) == [0x87]
+    assert sub.subscribe("open/#", 1) == [1]
+    control = subscribed(clients.paho, "control-sub", "secret/#", 1, v5=True)
     pub = connected(clients.paho, "pub")
-    pub.publish("secret/x", b"x", 1)  # allowed? no: the publish is denied too
-    pub.publish("open/x", b"y", 1)
+    assert pub.publish("secret/x", b"secret", 1) == 0
+    pub.publish("open/x", b"open", 1)
+    m = control.get()
+    assert (m.topic, m.payload) == ("secret/x", b"secret")
+    # Both go to the refused client's one session in publish order: had the refused filter
+    # been bound, the secret message would come before the open one.
+    m = sub.get()
+    assert (m.topic, m.payload) == ("open/x", b"open")
     sub.expect_none()
 
 

@@ -11,6 +11,7 @@ from flowmq_wire.mqtt.packets import (
     Connack,
     Disconnect,
     Pingreq,
+    Pingresp,
     Puback,
     Pubcomp,
     Publish,
@@ -322,21 +323,30 @@ def test_publisher_not_blocked_after_slow_subscriber_leaves(raw, uid, persistent
 def test_paused_publisher_is_not_disconnected_for_keep_alive(raw, uid):
     """While the broker holds a publisher back (it stops reading its socket because a
     subscriber lags behind), the publisher's PINGREQs sit unread in the socket: the broker must
-    not then count the publisher as silent and disconnect it for keep alive (0x8D)."""
+    not then count the publisher as silent and disconnect it for keep alive (0x8D).
+
+    Two controls keep this from passing vacuously: the publisher really is held back (no
+    PINGRESP while the subscriber lags, every one once it leaves), and a client as silent as
+    the held publisher looks, but not held back, is disconnected in the same time."""
     topic = f"pausedka/{uid}"
     slow = raw(5)
     slow.connect(f"slow-{uid}", properties={"receive_maximum": 1})
     slow.subscribe((topic, SubscriptionOptions(1)))
+    idle = raw(5)
+    idle.connect(f"idle-{uid}", keep_alive=1)
     pub = raw(5)
     pub.connect(f"pub-{uid}", keep_alive=1)
     n = 1500
     pub.send_raw(b"".join(encode(Publish(topic, b"x", 1, packet_id=i + 1), 5) for i in range(n)))
+    assert slow.expect(Publish).packet_id  # one in flight, never acknowledged
     seen: list = []
+    pings = 0
     start = time.monotonic()
-    while time.monotonic() - start < 3.0:
-        time.sleep(0.5)  # the client's own ping pacing
+    while time.monotonic() - start < 3.0:  # twice the 1.5 s the broker allows a silent client
+        time.sleep(0.5)  # deliberate: the client's own ping pacing
         try:
             pub.send(Pingreq())
+            pings += 1
             while True:
                 seen.append(pub.recv(0.01))
         except TimeoutError:
@@ -348,3 +358,16 @@ def test_paused_publisher_is_not_disconnected_for_keep_alive(raw, uid):
                 f"{closing or 'connection closed'}"
             ) from None
     assert not [p for p in seen if isinstance(p, Disconnect)]
+    assert not [p for p in seen if isinstance(p, Pingresp)], "the publisher was not held back"
+    assert [p.reason_code for p in idle.wait_closed()] == [0x8D]
+
+    slow.kill()  # the lagging subscriber leaves: the publisher is read again, PINGREQs included
+    acked = {p.packet_id for p in seen if isinstance(p, Puback)}
+    answered = 0
+    while len(acked) < n or answered < pings:
+        p = pub.recv()
+        if isinstance(p, Puback):
+            acked.add(p.packet_id)
+        else:
+            assert isinstance(p, Pingresp), p
+            answered += 1

@@ -8,7 +8,7 @@ import asyncio
 import logging
 from typing import Any
 
-from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.topics import partition_count
 from flowmq_core.message import now_ms
 from flowmq_meta.group_offsets import CommittedOffset

@@ -9,40 +9,17 @@ generated classes for bodies (DESIGN.md §10).  Pure: no sockets, no asyncio.
                               header.correlation_id)
 """
 
-from flowmq_wire.kafka.codec import (
-    API_NAMES,
-    API_VERSIONS_KEY,
-    REQUEST_CLASSES,
-    RESPONSE_CLASSES,
-    RequestHeader,
-    api_name,
-    api_versions_error,
-    decode_request,
-    encode_response,
-    is_flexible,
-    parse_request_header,
-    response_class,
-)
+from flowmq_wire.kafka.codec import *  # noqa: F403
+from flowmq_wire.kafka.codec import __all__ as _codec_names
 from flowmq_wire.kafka.errors import ErrorCode, FrameTooLarge, KafkaCodecError, MalformedRequest
 from flowmq_wire.kafka.framing import DEFAULT_MAX_FRAME, FrameSplitter
 
 __all__ = [
-    "API_NAMES",
-    "API_VERSIONS_KEY",
+    *_codec_names,
     "DEFAULT_MAX_FRAME",
-    "REQUEST_CLASSES",
-    "RESPONSE_CLASSES",
     "ErrorCode",
     "FrameSplitter",
     "FrameTooLarge",
     "KafkaCodecError",
     "MalformedRequest",
-    "RequestHeader",
-    "api_name",
-    "api_versions_error",
-    "decode_request",
-    "encode_response",
-    "is_flexible",
-    "parse_request_header",
-    "response_class",
 ]

@@ -15,21 +15,21 @@ import collections
 import logging
 import struct
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from flowmq_broker.kafka import sasl
+from flowmq_broker.kafka.context import Handler, RequestContext, ServerState
 from flowmq_wire.kafka import (
     API_VERSIONS_KEY,
+    FrameSplitter,
     KafkaCodecError,
-    RequestHeader,
+    api_name,
     api_versions_error,
     decode_request,
     encode_response,
     parse_request_header,
-    response_class,
 )
-
-if TYPE_CHECKING:
-    from flowmq_broker.kafka.server import KafkaServer
 
 log = logging.getLogger(__name__)
 
@@ -41,23 +41,31 @@ _SASL_APIS = frozenset({API_VERSIONS_KEY, 17, 36})
 _FIXED_HEAD = struct.Struct(">hhi")  # api_key, api_version, correlation_id: in every header
 
 
-class RequestContext:
-    """What a handler knows about the request besides its body."""
+@dataclass(frozen=True)
+class ApiSpec:
+    """One row of the API table: the versions served and the handler."""
 
-    __slots__ = ("api_key", "client_id", "conn", "correlation_id", "server", "version")
-
-    def __init__(self, conn: KafkaConnection, header: RequestHeader) -> None:
-        self.conn = conn
-        self.server = conn.server
-        self.api_key = header.api_key
-        self.version = header.api_version
-        self.correlation_id = header.correlation_id
-        self.client_id = header.client_id
+    key: int
+    min_version: int
+    max_version: int
+    handler: Handler
 
     @property
-    def response(self) -> Any:
-        """The response class of this request's API and version: ``ctx.response(...)``."""
-        return response_class(self.api_key, self.version)
+    def name(self) -> str:
+        return api_name(self.key)
+
+
+class Listener(ServerState, Protocol):
+    """What a connection uses of its listener (``KafkaServer``), besides what it hands to
+    handlers."""
+
+    apis: dict[int, ApiSpec]
+    allow_anonymous: bool
+    connections: set[KafkaConnection]
+
+    def new_splitter(self) -> FrameSplitter: ...
+
+    def count_request(self, api_key: int) -> None: ...
 
 
 class _Slot:
@@ -69,7 +77,7 @@ class _Slot:
 
 
 class KafkaConnection(asyncio.Protocol):
-    def __init__(self, server: KafkaServer) -> None:
+    def __init__(self, server: Listener) -> None:
         self.server = server
         self.splitter = server.new_splitter()
         self.transport: asyncio.Transport | None = None
@@ -141,7 +149,7 @@ class KafkaConnection(asyncio.Protocol):
     def _request(self, frame: memoryview) -> None:
         if self.sasl_raw_next:
             self.sasl_raw_next = False
-            self.server.sasl_raw_token(self, bytes(frame))
+            sasl.handle_raw_token(self, self.server.services.users, bytes(frame))
             return
         api_key, version, correlation_id = _FIXED_HEAD.unpack_from(frame)
         server = self.server
@@ -169,7 +177,7 @@ class KafkaConnection(asyncio.Protocol):
             log.info("kafka %s: %s; closing the connection", self.peer, exc)
             self.close()
             return
-        ctx = RequestContext(self, header)
+        ctx = RequestContext(self, server, header)
         try:
             result = spec.handler(ctx, request)
         except Exception:
@@ -302,4 +310,4 @@ class KafkaConnection(asyncio.Protocol):
         self._loop.call_soon(check)
 
 
-__all__ = ["MAX_OUTSTANDING", "KafkaConnection", "RequestContext"]
+__all__ = ["MAX_OUTSTANDING", "ApiSpec", "KafkaConnection", "Listener"]

@@ -14,7 +14,7 @@ import logging
 from typing import Any, NamedTuple
 
 import flowmq_metrics as metrics
-from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.topics import partition_count
 from flowmq_kas3.errors import OffsetOutOfRange
 from flowmq_kas3.records import iter_batches

@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.coordinator import GroupState, JoinResult, SyncResult
 from flowmq_wire.kafka import ErrorCode
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flowmq_broker.kafka.cluster import KafkaNode
-from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.topics import TopicError, partition_count
 from flowmq_meta.catalog import DEFAULT_STREAM_RETENTION_MS, Destination
 from flowmq_wire.kafka import ErrorCode

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
-from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.topics import partition_count
 from flowmq_core.message import now_ms
 from flowmq_meta.group_offsets import CommittedOffset
 from flowmq_wire.kafka import ErrorCode
 
 log = logging.getLogger(__name__)
+
+_V = TypeVar("_V")
 
 # Kafka's offset.metadata.max.bytes.
 MAX_OFFSET_METADATA = 4096
@@ -65,15 +68,11 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
     def build(error: int) -> Any:
         return resp(
             throttle_time_ms=0,
-            topics=[
-                topic_cls(
-                    name=name,
-                    partitions=[
-                        part_cls(partition_index=i, error_code=code or error) for i, code in codes
-                    ],
-                )
-                for name, codes in results
-            ],
+            topics=_topics(
+                topic_cls,
+                results,
+                lambda i, code: part_cls(partition_index=i, error_code=code or error),
+            ),
         )
 
     if not entries:
@@ -124,12 +123,7 @@ async def handle_offset_fetch(ctx: RequestContext, req: Any) -> Any:
             groups.append(
                 group_cls(
                     group_id=g.group_id,
-                    topics=[
-                        topic_cls(
-                            name=name, partitions=[_partition(part_cls, p, c) for p, c in parts]
-                        )
-                        for name, parts in found
-                    ],
+                    topics=_topics(topic_cls, found, lambda p, c: _partition(part_cls, p, c)),
                     error_code=error,
                 )
             )
@@ -140,19 +134,25 @@ async def handle_offset_fetch(ctx: RequestContext, req: Any) -> Any:
     error, found = await _group_offsets(ctx, req.group_id, topics)
     if error and ctx.version < 2:  # no top-level error code before v2
         found = [(name, [(p, None) for p in parts]) for name, parts in (topics or [])]
+    part_error = error if ctx.version < 2 else 0  # v0-1: the error is per partition
     return resp(
         throttle_time_ms=0,
-        topics=[
-            topic_cls(
-                name=name,
-                partitions=[
-                    _partition(part_cls, p, c, error if ctx.version < 2 else 0) for p, c in parts
-                ],
-            )
-            for name, parts in found
-        ],
+        topics=_topics(topic_cls, found, lambda p, c: _partition(part_cls, p, c, part_error)),
         error_code=error,
     )
+
+
+def _topics(
+    topic_cls: Any,
+    rows: Iterable[tuple[str, list[tuple[int, _V]]]],
+    partition: Callable[[int, _V], Any],
+) -> list[Any]:
+    """Response topics from ``(name, [(partition index, value)])`` rows, each partition
+    built by ``partition(index, value)``."""
+    return [
+        topic_cls(name=name, partitions=[partition(i, value) for i, value in parts])
+        for name, parts in rows
+    ]
 
 
 def _partition(cls: Any, partition: int, committed: CommittedOffset | None, error: int = 0) -> Any:

@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 import flowmq_metrics as metrics
-from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.idempotence import ProducerBatch, StateKey, Verdict, producer_batch
 from flowmq_broker.kafka.topics import TopicError, partition_count
 from flowmq_broker.routing import Binding

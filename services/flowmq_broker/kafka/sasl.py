@@ -1,5 +1,5 @@
 """SaslHandshake + SaslAuthenticate, mechanism PLAIN, users from the meta store
-(``broker.users``, shared with MQTT and AMQP).
+(``services.users``, shared with MQTT and AMQP).
 
 A failed authentication is answered and the connection then closed, as Kafka does.  With
 ``allow_anonymous`` off, any request other than ApiVersions and SASL before a successful
@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import logging
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.context import ConnectionState, RequestContext
+from flowmq_meta.users import UserDirectory
 from flowmq_wire.kafka import ErrorCode
-
-if TYPE_CHECKING:
-    from flowmq_broker.kafka.connection import KafkaConnection
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +33,7 @@ def handle_sasl_handshake(ctx: RequestContext, req: Any) -> Any:
     return ctx.response(error_code=ErrorCode.NONE, mechanisms=MECHANISMS)
 
 
-def _check_plain(conn: KafkaConnection, token: bytes) -> str | None:
+def _check_plain(users: UserDirectory, token: bytes) -> str | None:
     """RFC 4616: ``[authzid] NUL authcid NUL passwd``; the user name on success."""
     parts = token.split(b"\0")
     if len(parts) != 3:
@@ -47,7 +45,7 @@ def _check_plain(conn: KafkaConnection, token: bytes) -> str | None:
         return None
     if authzid and authzid != user:
         return None
-    if not conn.server.services.users.check(name, password):
+    if not users.check(name, password):
         return None
     return name
 
@@ -64,7 +62,7 @@ def handle_sasl_authenticate(ctx: RequestContext, req: Any) -> Any:
     conn = ctx.conn
     if conn.sasl_mechanism is None or conn.user is not None:
         return _refuse(ctx, ErrorCode.ILLEGAL_SASL_STATE, "SaslAuthenticate before SaslHandshake")
-    user = _check_plain(conn, bytes(req.auth_bytes or b""))
+    user = _check_plain(ctx.server.services.users, bytes(req.auth_bytes or b""))
     if user is None:
         log.info("kafka %s: SASL PLAIN authentication failed", conn.peer)
         return _refuse(
@@ -78,9 +76,9 @@ def handle_sasl_authenticate(ctx: RequestContext, req: Any) -> Any:
     )
 
 
-def handle_raw_token(conn: KafkaConnection, token: bytes) -> None:
+def handle_raw_token(conn: ConnectionState, users: UserDirectory, token: bytes) -> None:
     """SaslHandshake v0 clients: success is an empty size-prefixed frame, failure a close."""
-    user = _check_plain(conn, token)
+    user = _check_plain(users, token)
     if user is None:
         log.info("kafka %s: SASL PLAIN authentication failed", conn.peer)
         conn.close()

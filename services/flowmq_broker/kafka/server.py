@@ -1,8 +1,8 @@
-"""The Kafka listener (role ``kafka``): ``KafkaServer(broker)``, ``await start(port)``,
+"""The Kafka listener (role ``kafka``): ``KafkaServer(services)``, ``await start(port)``,
 ``await stop()``.
 
 Kafka topics are the Streams of the default namespace; produced record batches go to
-``broker.streams`` as they are and, when other destinations match the topic's canonical
+``services.streams`` as they are and, when other destinations match the topic's canonical
 name, through the router to them as well (DESIGN.md §3).  The API table below is exactly
 what ApiVersions advertises.
 """
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import flowmq_metrics as metrics
 from flowmq_broker.kafka import fetch, groups, metadata, offsets, produce, sasl, topic_admin
 from flowmq_broker.kafka.cluster import ClusterView
-from flowmq_broker.kafka.connection import KafkaConnection
+from flowmq_broker.kafka.connection import ApiSpec, KafkaConnection
+from flowmq_broker.kafka.context import Handler
 from flowmq_broker.kafka.coordinator import GroupCoordinator
 from flowmq_broker.kafka.idempotence import ProducerStates
 from flowmq_broker.kafka.topics import TopicManager
@@ -30,21 +29,9 @@ from flowmq_wire.kafka import API_NAMES, DEFAULT_MAX_FRAME, FrameSplitter, api_n
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ApiSpec:
-    key: int
-    min_version: int
-    max_version: int
-    handler: Callable[[Any, Any], Any]
-
-    @property
-    def name(self) -> str:
-        return api_name(self.key)
-
-
 # (api key, min, max, handler).  Maxima stop before versions that address topics by id
 # only (Produce 13, Fetch 13, OffsetCommit/OffsetFetch 10) or need transactions.
-API_TABLE: list[tuple[int, int, int, Callable[[Any, Any], Any]]] = [
+API_TABLE: list[tuple[int, int, int, Handler]] = [
     (0, 3, 12, produce.handle_produce),
     (1, 4, 12, fetch.handle_fetch),
     (2, 1, 6, fetch.handle_list_offsets),
@@ -138,9 +125,6 @@ class KafkaServer:
 
     def owns_group(self, group_id: str) -> bool:
         return self.cluster.is_local(self.cluster.coordinator(group_id))
-
-    def sasl_raw_token(self, conn: KafkaConnection, token: bytes) -> None:
-        sasl.handle_raw_token(conn, token)
 
     async def _forget_topic(self, name: str) -> None:
         await self.offsets.delete_stream(self.namespace, name)

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from typing import Any
 
-from flowmq_broker.kafka.connection import RequestContext
+from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.topics import TopicError, partition_count
 from flowmq_wire.kafka import ErrorCode
 

@@ -280,9 +280,19 @@ class TopicManager:
             )
         if validate_only:
             return
-        grown = dataclasses.replace(dest, options={**dest.options, "partitions": count})
+
+        def grow(latest: Destination) -> Destination:
+            # Re-checked on the record the transaction reads: another broker may have grown it.
+            if count <= partition_count(latest):
+                raise TopicError(
+                    ErrorCode.INVALID_PARTITIONS,
+                    f"topic {name!r} has {partition_count(latest)} partitions; partitions can "
+                    f"only grow (asked for {count})",
+                )
+            return dataclasses.replace(latest, options={**latest.options, "partitions": count})
+
         try:
-            await self.services.catalog.update_destination(grown)
+            await self.services.catalog.update_destination(self.namespace, name, STREAM, grow)
         except NotFound:
             raise TopicError(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist"

@@ -18,8 +18,10 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import flowmq_metrics as metrics
 from flowmq_broker.kafka import sasl
 from flowmq_broker.kafka.context import Handler, RequestContext, ServerState
+from flowmq_core.limits import MAX_CLIENT_ID_BYTES, utf8_size
 from flowmq_wire.kafka import (
     API_VERSIONS_KEY,
     FrameSplitter,
@@ -165,6 +167,15 @@ class KafkaConnection(asyncio.Protocol):
             header = parse_request_header(frame)
         except KafkaCodecError as exc:
             log.info("kafka %s: %s; closing the connection", self.peer, exc)
+            self.close()
+            return
+        client_id = header.client_id
+        if client_id and len(client_id) > 64 and utf8_size(client_id) > MAX_CLIENT_ID_BYTES:
+            # Kafka has no error code for it: refused as a malformed request is.
+            metrics.limits_rejections_count.labels("client_id_bytes").inc()
+            log.info(
+                "kafka %s: client id longer than %d bytes; closing", self.peer, MAX_CLIENT_ID_BYTES
+            )
             self.close()
             return
         if self.user is None and not server.allow_anonymous and header.api_key not in _SASL_APIS:

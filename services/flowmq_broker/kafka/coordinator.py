@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import flowmq_metrics as metrics
+from flowmq_core.limits import MAX_NAME_BYTES, utf8_size
 from flowmq_wire.kafka import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,17 @@ class SyncResult:
     assignment: bytes = b""
 
 
+def valid_group_id(group_id: str) -> bool:
+    """A group id the broker accepts: non-empty and within the name limit (it becomes part
+    of the meta-store keys of the group's committed offsets)."""
+    if not group_id:
+        return False
+    if utf8_size(group_id) > MAX_NAME_BYTES:
+        metrics.limits_rejections_count.labels("name_bytes").inc()
+        return False
+    return True
+
+
 class GroupCoordinator:
     def __init__(self, *, initial_delay_s: float = INITIAL_REBALANCE_DELAY_S) -> None:
         self.initial_delay_s = initial_delay_s
@@ -115,7 +128,7 @@ class GroupCoordinator:
         *,
         require_known_member_id: bool,
     ) -> JoinResult | asyncio.Future[JoinResult]:
-        if not group_id:
+        if not valid_group_id(group_id):
             return JoinResult(ErrorCode.INVALID_GROUP_ID)
         if not MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= MAX_SESSION_TIMEOUT_MS:
             return JoinResult(ErrorCode.INVALID_SESSION_TIMEOUT)

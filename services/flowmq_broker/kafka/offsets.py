@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from flowmq_broker.kafka.context import RequestContext
+from flowmq_broker.kafka.coordinator import valid_group_id
 from flowmq_broker.kafka.topics import partition_count
 from flowmq_core.message import now_ms
 from flowmq_meta.group_offsets import CommittedOffset
@@ -30,7 +31,7 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
     part_cls = topic_cls.OffsetCommitResponsePartition
     if not server.owns_group(req.group_id):
         group_error = ErrorCode.NOT_COORDINATOR
-    elif not req.group_id:
+    elif not valid_group_id(req.group_id):
         group_error = ErrorCode.INVALID_GROUP_ID
     else:
         group_error = server.coordinator.check_commit(

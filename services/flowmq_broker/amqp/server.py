@@ -15,6 +15,7 @@ from pamqp import commands
 from flowmq_broker.amqp.connection import AmqpConnection
 from flowmq_broker.amqp.exchanges import ExchangeRegistry
 from flowmq_broker.amqp.memqueue import MemConsumer, MemoryQueue, MemoryQueues
+from flowmq_broker.listeners import listen
 from flowmq_broker.queues import QueueService
 from flowmq_broker.services import BrokerServices
 from flowmq_core.errors import InvalidName, InvalidTopic
@@ -38,16 +39,13 @@ class AmqpServer:
         self.connections: set[AmqpConnection] = set()
         self.exclusive_consumers: dict[tuple[str, str], Any] = {}
         self._topics: dict[tuple[str, str, str], str | None] = {}
-        self._server: asyncio.base_events.Server | None = None
+        self._server: asyncio.Server | None = None
 
     async def start(self, port: int) -> int:
         await self.exchanges.load()
         self.services.sync.on_change.append(self.exchanges.load)
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: AmqpConnection(self), "0.0.0.0", port, reuse_address=True, backlog=1024
-        )
-        return self._server.sockets[0].getsockname()[1]
+        self._server, bound = await listen(lambda: AmqpConnection(self), port)
+        return bound
 
     async def stop(self) -> None:
         if self._server is not None:

@@ -15,7 +15,7 @@ import logging
 import math
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pamqp import commands
 
@@ -23,7 +23,9 @@ import flowmq_metrics as metrics
 from flowmq_broker.amqp import messages
 from flowmq_broker.amqp.errors import AmqpError, ChannelError, ConnectionError_
 from flowmq_broker.amqp.exchanges import KNOWN_TYPES, SUPPORTED_TYPES, Exchange
+from flowmq_broker.amqp.link import Link
 from flowmq_broker.amqp.memqueue import MemConsumer, MemoryQueue
+from flowmq_broker.amqp.state import AmqpState
 from flowmq_broker.routing import Binding, DestinationUnavailable
 from flowmq_core.errors import (
     AlreadyExists,
@@ -46,9 +48,6 @@ from flowmq_queue.errors import QueueFull
 from flowmq_wire.amqp import constants as rc
 from flowmq_wire.amqp import frames as fr
 from flowmq_wire.amqp.methods import decode_method, encode_method
-
-if TYPE_CHECKING:
-    from flowmq_broker.amqp.connection import AmqpConnection
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +79,10 @@ class _Content:
 
 
 class Channel:
-    def __init__(self, conn: AmqpConnection, number: int) -> None:
+    def __init__(self, conn: Link, shared: AmqpState, number: int) -> None:
         self.conn = conn
         self.number = number
-        self.server = conn.server
+        self.shared = shared
         self.closing = False  # we sent Channel.Close and wait for CloseOk
         self.closed = False
         self.flow_active = True
@@ -207,7 +206,7 @@ class Channel:
     def _publish(self, content: _Content, body: bytes) -> None:
         conn = self.conn
         ns = conn.namespace
-        exchange = self.server.exchanges.get(ns, content.exchange)
+        exchange = self.shared.exchanges.get(ns, content.exchange)
         if exchange is None:
             raise ChannelError(
                 rc.NOT_FOUND, f"no exchange '{content.exchange}' in vhost '{conn.vhost}'"
@@ -222,7 +221,7 @@ class Channel:
         if self.confirm:
             self.publish_seq += 1
             seq = self.publish_seq
-        topic = self.server.publish_topic(content.exchange, content.routing_key, exchange.type)
+        topic = self.shared.publish_topic(content.exchange, content.routing_key, exchange.type)
         assert content.props is not None
         pending: list[Awaitable[Any]] = []
         routed = False
@@ -231,7 +230,7 @@ class Channel:
                 topic, content.exchange, content.routing_key, content.props, body
             )
             try:
-                bindings, pending = self.server.router.dispatch(ns, message)
+                bindings, pending = self.shared.router.dispatch(ns, message)
             except DestinationUnavailable as exc:
                 if seq:
                     self._confirm(seq, [], str(exc))
@@ -254,7 +253,7 @@ class Channel:
         if seq:
             self._confirm(seq, pending)
         elif pending:
-            conn.track_publishes(pending, self)
+            self._track_publishes(pending)
 
     def _confirm(self, seq: int, pending: list[Awaitable[Any]], failure: str = "") -> None:
         entry: list[Any] = [seq, None]
@@ -317,6 +316,21 @@ class Channel:
             out.append(fr.encode_ack(self.number, run_end, run_len > 1))
         if out:
             self.conn.send(b"".join(out))
+
+    def _track_publishes(self, pending: list[Awaitable[Any]]) -> None:
+        """A publish without confirms: only failures matter (a full queue closes the
+        channel); the pending count still bounds memory."""
+        conn = self.conn
+        conn.publish_started(len(pending))
+
+        def done(f: asyncio.Future[Any]) -> None:
+            conn.publish_finished(1)
+            if not f.cancelled() and f.exception() is not None:
+                self.publish_failed(f.exception())  # type: ignore[arg-type]
+                conn.flush()
+
+        for awaitable in pending:
+            asyncio.ensure_future(awaitable).add_done_callback(done)
 
     def publish_failed(self, exc: BaseException) -> None:
         """A publish without confirms could not be stored."""
@@ -424,7 +438,7 @@ class Channel:
     def _settle(self, d: Delivery | MemDelivery, requeue: bool | None) -> None:
         """Ack (None), reject (False) or requeue (True)."""
         if isinstance(d, Delivery):
-            engine = self.server.queues.engine
+            engine = self.shared.queues.engine
             if requeue is None:
                 engine.ack(d)
             else:
@@ -435,7 +449,7 @@ class Channel:
     def set_paused(self, paused: bool) -> None:
         """Stop or resume deliveries (write buffer full, or Channel.Flow)."""
         paused = paused or not self.flow_active
-        engine = self.server.queues.engine
+        engine = self.shared.queues.engine
         for c in self.consumers.values():
             if isinstance(c, MemConsumer):
                 c.paused = paused
@@ -476,7 +490,7 @@ class Channel:
 
     def _maybe_auto_delete(self, q: MemoryQueue) -> None:
         if q.auto_delete and q.had_consumer and not q.consumers:
-            self.server.memqueues.delete(q)
+            self.shared.memqueues.delete(q)
 
     # --- methods ------------------------------------------------------------------------
 
@@ -534,18 +548,18 @@ class Channel:
     def on_channel_close(self, m: commands.Channel.Close) -> None:
         self.reply(commands.Channel.CloseOk())
         self.close()
-        self.conn.channel_closed(self)
+        self.conn.channel_closed(self.number, self)
 
     def on_channel_close_ok(self, m: Any) -> None:
         self.close()
-        self.conn.channel_closed(self)
+        self.conn.channel_closed(self.number, self)
 
     # Exchange --------------------------------------------------------------------------
 
     async def on_exchange_declare(self, m: commands.Exchange.Declare) -> None:
         name = m.exchange
         ns = self.conn.namespace
-        existing = self.server.exchanges.get(ns, name)
+        existing = self.shared.exchanges.get(ns, name)
         if m.passive:
             if existing is None:
                 raise ChannelError(
@@ -580,7 +594,7 @@ class Channel:
                     amqp_publish_topic(name, "x", m.exchange_type)
                 except (InvalidName, InvalidTopic) as exc:
                     raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
-                stored = await self.server.exchanges.declare(
+                stored = await self.shared.exchanges.declare(
                     ns,
                     Exchange(
                         name,
@@ -602,13 +616,13 @@ class Channel:
     async def on_exchange_delete(self, m: commands.Exchange.Delete) -> None:
         name = m.exchange
         ns = self.conn.namespace
-        existing = self.server.exchanges.get(ns, name)
+        existing = self.shared.exchanges.get(ns, name)
         if existing is not None and existing.builtin:
             raise ChannelError(
                 rc.ACCESS_REFUSED, f"operation not permitted on exchange '{name or 'default'}'"
             )
         if existing is not None:
-            await self.server.exchanges.delete(ns, name)
+            await self.shared.exchanges.delete(ns, name)
         if not m.nowait:
             self.reply(commands.Exchange.DeleteOk())
 
@@ -624,11 +638,11 @@ class Channel:
     def _lookup(self, name: str) -> MemoryQueue | Destination:
         """The queue ``name``: a memory queue or a Queue destination; 404 otherwise."""
         ns = self.conn.namespace
-        q = self.server.memqueues.get(ns, name)
+        q = self.shared.memqueues.get(ns, name)
         if q is not None:
             self._check_exclusive(q)
             return q
-        dest = self.server.router.destination(Binding(QUEUE, ns, name))
+        dest = self.shared.router.destination(Binding(QUEUE, ns, name))
         if dest is None:
             raise ChannelError(rc.NOT_FOUND, f"no queue '{name}' in vhost '{self.conn.vhost}'")
         return dest
@@ -655,7 +669,7 @@ class Channel:
                 rc.ACCESS_REFUSED,
                 f"queue name '{name}' contains reserved prefix 'amq.'",
             )
-        q = self.server.memqueues.get(ns, name)
+        q = self.shared.memqueues.get(ns, name)
         if q is not None:
             self._check_exclusive(q)
             if not m.passive and not memory:
@@ -666,13 +680,13 @@ class Channel:
             self._declare_ok(m, name, len(q.buffer), len(q.consumers))
             return
         try:
-            dest: Destination | None = await self.server.catalog.get_destination(ns, name, QUEUE)
+            dest: Destination | None = await self.shared.catalog.get_destination(ns, name, QUEUE)
         except NotFound:
             dest = None
-        if dest is not None and self.server.router.destination(Binding(QUEUE, ns, name)) is None:
+        if dest is not None and self.shared.router.destination(Binding(QUEUE, ns, name)) is None:
             # Created through another broker, not yet applied here (gossip is on its way):
             # apply it now, so that the consume that follows the Declare-Ok finds it.
-            await self.server.services.sync.refresh()
+            await self.shared.services.sync.refresh()
         if m.passive:
             if dest is None:
                 raise ChannelError(rc.NOT_FOUND, f"no queue '{name}' in vhost '{conn.vhost}'")
@@ -696,7 +710,7 @@ class Channel:
                 durable=bool(m.durable),
                 arguments=dict(m.arguments or {}),
             )
-            self.server.memqueues.add(q, implicit)
+            self.shared.memqueues.add(q, implicit)
             conn.owned_queues.append(q)
             self._declare_ok(m, name, 0, 0)
             return
@@ -706,12 +720,12 @@ class Channel:
                 try:
                     validate_queue_name(name)
                     dest = Destination(QUEUE, ns, name, [amqp_queue_filter(name)], wanted)
-                    await self.server.catalog.create_destination(dest)
+                    await self.shared.catalog.create_destination(dest)
                 except AlreadyExists:
-                    dest = await self.server.catalog.get_destination(ns, name, QUEUE)
+                    dest = await self.shared.catalog.get_destination(ns, name, QUEUE)
                 except (InvalidName, FlowMQError) as exc:
                     raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
-                await self.server.services.metadata_changed()
+                await self.shared.services.metadata_changed()
             for arg, option in _ARG_OPTIONS.items():
                 if arg in (m.arguments or {}) and dest.options.get(option) != wanted.get(option):
                     raise ChannelError(
@@ -720,7 +734,7 @@ class Channel:
                         f"received {wanted.get(option)!r} but current is "
                         f"{dest.options.get(option)!r} ({option})",
                     )
-        engine = self.server.queues.engine
+        engine = self.shared.queues.engine
         ready = await engine.ready_count(ns, name)
         self._declare_ok(m, name, ready, engine.consumer_count(ns, name))
 
@@ -750,7 +764,7 @@ class Channel:
             elif "x-dead-letter-exchange" in args:
                 dlx = _text(args["x-dead-letter-exchange"])
                 key = _text(args.get("x-dead-letter-routing-key", name))
-                ex = self.server.exchanges.get(self.conn.namespace, dlx)
+                ex = self.shared.exchanges.get(self.conn.namespace, dlx)
                 options["dead_letter_topic"] = amqp_publish_topic(
                     dlx, key, ex.type if ex is not None else "topic"
                 )
@@ -778,7 +792,7 @@ class Channel:
         ns = self.conn.namespace
         name = self._queue_name(m.queue)
         target = self._lookup(name)
-        exchange = self.server.exchanges.get(ns, m.exchange)
+        exchange = self.shared.exchanges.get(ns, m.exchange)
         if exchange is None:
             raise ChannelError(
                 rc.NOT_FOUND, f"no exchange '{m.exchange}' in vhost '{self.conn.vhost}'"
@@ -795,11 +809,11 @@ class Channel:
             raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
         if isinstance(target, MemoryQueue):
             if bind:
-                self.server.memqueues.bind(target, topic_filter)
+                self.shared.memqueues.bind(target, topic_filter)
             elif topic_filter != amqp_queue_filter(target.name):
-                self.server.memqueues.unbind(target, topic_filter)
+                self.shared.memqueues.unbind(target, topic_filter)
             return
-        catalog = self.server.catalog
+        catalog = self.shared.catalog
         dest = await catalog.get_destination(ns, name, QUEUE)
         filters = list(dest.topic_filters)
         if bind and topic_filter not in filters:
@@ -810,7 +824,7 @@ class Channel:
             return
         dest.topic_filters = filters
         await catalog.update_destination(dest)
-        await self.server.services.metadata_changed()
+        await self.shared.services.metadata_changed()
 
     async def on_queue_purge(self, m: commands.Queue.Purge) -> None:
         name = self._queue_name(m.queue)
@@ -818,7 +832,7 @@ class Channel:
         if isinstance(target, MemoryQueue):
             count = target.purge()
         else:
-            count = await self.server.queues.engine.purge(self.conn.namespace, name)
+            count = await self.shared.queues.engine.purge(self.conn.namespace, name)
         if not m.nowait:
             self.reply(commands.Queue.PurgeOk(count))
 
@@ -838,21 +852,21 @@ class Channel:
                 raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' in use")
             if m.if_empty and target.buffer:
                 raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' not empty")
-            self.server.cancel_consumers_of(target)
-            count = self.server.memqueues.delete(target)
+            self.shared.cancel_consumers_of(target)
+            count = self.shared.memqueues.delete(target)
         else:
-            engine = self.server.queues.engine
+            engine = self.shared.queues.engine
             if m.if_unused and engine.consumer_count(ns, name):
                 raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' in use")
             count = await engine.ready_count(ns, name)
             if m.if_empty and count:
                 raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' not empty")
             try:
-                await self.server.catalog.delete_destination(ns, name, QUEUE)
+                await self.shared.catalog.delete_destination(ns, name, QUEUE)
             except NotFound:
                 pass
-            await self.server.services.metadata_changed()
-            self.server.cancel_consumers_of_durable(ns, name)
+            await self.shared.services.metadata_changed()
+            self.shared.cancel_consumers_of_durable(ns, name)
             await engine.delete(ns, name)
         if not m.nowait:
             self.reply(commands.Queue.DeleteOk(count))
@@ -872,13 +886,13 @@ class Channel:
         if tag in self.consumers:
             raise ConnectionError_(rc.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
         ns = self.conn.namespace
-        engine = self.server.queues.engine
+        engine = self.shared.queues.engine
         busy = (
             bool(target.consumers)
             if isinstance(target, MemoryQueue)
             else engine.consumer_count(ns, name) > 0
         )
-        if busy and (m.exclusive or self.server.exclusive_consumers.get((ns, name))):
+        if busy and (m.exclusive or self.shared.exclusive_consumers.get((ns, name))):
             raise ChannelError(
                 rc.ACCESS_REFUSED, f"queue '{name}' in vhost '{self.conn.vhost}' in exclusive use"
             )
@@ -909,7 +923,7 @@ class Channel:
                 engine.set_paused(consumer, True)
             self.consumers[tag] = consumer
         if m.exclusive:
-            self.server.exclusive_consumers[(ns, name)] = consumer
+            self.shared.exclusive_consumers[(ns, name)] = consumer
 
     def on_basic_cancel(self, m: commands.Basic.Cancel) -> None:
         self.cancel_consumer(m.consumer_tag)
@@ -927,11 +941,18 @@ class Channel:
             key = (ns, q.name)
             self._maybe_auto_delete(q)
         else:
-            self.server.queues.engine.cancel(consumer)
+            self.shared.queues.engine.cancel(consumer)
             key = (ns, consumer.queue)
-        if self.server.exclusive_consumers.get(key) is consumer:
-            del self.server.exclusive_consumers[key]
+        if self.shared.exclusive_consumers.get(key) is consumer:
+            del self.shared.exclusive_consumers[key]
         return consumer
+
+    def cancel_consumers(self, match: Callable[[Any], bool]) -> None:
+        """Cancel the consumers ``match`` picks and tell the client (their queue is going)."""
+        for tag, c in list(self.consumers.items()):
+            if match(c):
+                self.cancel_consumer(tag)
+                self.conn.send(encode_method(self.number, commands.Basic.Cancel(tag, True)))
 
     async def on_basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
@@ -949,7 +970,7 @@ class Channel:
                 self.unacked[self.delivery_tag] = MemDelivery(holder, message)
             left = len(target.buffer)
         else:
-            delivery, left = await self.server.queues.engine.get(
+            delivery, left = await self.shared.queues.engine.get(
                 conn.namespace, name, no_ack=bool(m.no_ack)
             )
             if delivery is None:

@@ -1,4 +1,9 @@
-"""One AMQP channel: its methods, publishes (with confirms), consumers and unacked deliveries.
+"""One AMQP channel: its frames, its method dispatch and its publishes (with confirms).
+
+Owns the channel's life cycle (open, flow, close on a soft error), content assembly for
+Basic.Publish, routing the published message and confirming it once every destination has it.
+The consuming side (consumers, deliveries, acks) is ``Consumers`` (consumers.py); exchange and
+queue methods are worked by ``Topology`` (topology.py), and answered here.
 
 Per-message methods (Basic.Publish + content, Basic.Ack/Nack/Reject, deliveries) are handled
 synchronously from the frames of one read; methods that need the meta store (declares,
@@ -12,7 +17,6 @@ import asyncio
 import collections
 import functools
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,15 +24,13 @@ from pamqp import commands
 
 import flowmq_metrics as metrics
 from flowmq_broker.amqp import messages
+from flowmq_broker.amqp.consumers import Consumers
 from flowmq_broker.amqp.errors import AmqpError, ChannelError, ConnectionError_
 from flowmq_broker.amqp.link import Link
-from flowmq_broker.amqp.memqueue import MemConsumer, MemoryQueue
 from flowmq_broker.amqp.state import AmqpState
 from flowmq_broker.amqp.topology import Topology
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.errors import FlowMQError
-from flowmq_core.message import Message
-from flowmq_queue import Delivery
 from flowmq_queue.errors import QueueFull
 from flowmq_wire.amqp import constants as rc
 from flowmq_wire.amqp import frames as fr
@@ -37,14 +39,6 @@ from flowmq_wire.amqp.methods import decode_method, encode_method
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024 * 1024
-
-
-class MemDelivery:
-    __slots__ = ("consumer", "message")
-
-    def __init__(self, consumer: MemConsumer, message: Message) -> None:
-        self.consumer = consumer
-        self.message = message
 
 
 class _Content:
@@ -68,30 +62,21 @@ class Channel:
         self.number = number
         self.shared = shared
         self.topology = Topology(shared, conn)
+        self.consumers = Consumers(conn, shared, number)
         self.closing = False  # we sent Channel.Close and wait for CloseOk
         self.closed = False
-        self.flow_active = True
-        self.prefetch = 0
         self.confirm = False
         self.publish_seq = 0
         self._confirms: collections.deque[list[Any]] = collections.deque()
         self._confirm_scheduled = False
-        self.delivery_tag = 0
-        self.unacked: collections.OrderedDict[int, Delivery | MemDelivery] = (
-            collections.OrderedDict()
-        )
-        self.consumers: dict[str, Any] = {}
         self.last_queue = ""
         self._content: _Content | None = None
         self._blocked = False
         self._backlog: collections.deque[tuple[int, bytes]] = collections.deque()
-        self._exrk_cache: tuple[str, str, bytes] = ("", "", b"\x00\x00")
         # Metric children resolved once: a labels() lookup per message shows in profiles.
         ns = conn.namespace
         self._in_count = metrics.amqp_messages_in_count.labels(ns)
         self._in_bytes = metrics.amqp_messages_in_bytes_count.labels(ns)
-        self._out_count = metrics.amqp_messages_out_count.labels(ns)
-        self._out_bytes = metrics.amqp_messages_out_bytes_count.labels(ns)
 
     # --- frames -------------------------------------------------------------------------
 
@@ -133,17 +118,20 @@ class Channel:
             self._content = _Content(exchange, routing_key, mandatory)
         elif index == fr.BASIC_ACK:
             tag, bits = fr.decode_tag_bits(payload)
-            for d in self._take_unacked(tag, bool(bits & 1)):
-                self._settle(d, None)
+            consumers = self.consumers
+            for d in consumers.take_unacked(tag, bool(bits & 1)):
+                consumers.settle(d, None)
         elif index == fr.BASIC_NACK:
             tag, bits = fr.decode_tag_bits(payload)
             requeue = bool(bits & 2)
-            for d in self._take_unacked(tag, bool(bits & 1)):
-                self._settle(d, requeue)
+            consumers = self.consumers
+            for d in consumers.take_unacked(tag, bool(bits & 1)):
+                consumers.settle(d, requeue)
         elif index == fr.BASIC_REJECT:
             tag, bits = fr.decode_tag_bits(payload)
-            for d in self._take_unacked(tag, False):
-                self._settle(d, bool(bits & 1))
+            consumers = self.consumers
+            for d in consumers.take_unacked(tag, False):
+                consumers.settle(d, bool(bits & 1))
         else:
             self._method(decode_method(payload))
 
@@ -328,120 +316,13 @@ class Channel:
 
     # --- deliveries ---------------------------------------------------------------------
 
-    def _exchange_and_key(self, message: Message) -> bytes:
-        exchange, key = messages.exchange_and_key(message)
-        cached = self._exrk_cache
-        if cached[0] == exchange and cached[1] == key:
-            return cached[2]
-        encoded = fr.shortstr(exchange) + fr.shortstr(key[:255])
-        self._exrk_cache = (exchange, key, encoded)
-        return encoded
-
-    def deliver_durable(self, ctag: bytes, deliveries: list[Delivery]) -> None:
-        if self.closed:
-            return
-        conn = self.conn
-        parts = []
-        number = self.number
-        frame_max = conn.frame_max
-        unacked = self.unacked
-        size = 0
-        for d in deliveries:
-            self.delivery_tag += 1
-            tag = self.delivery_tag
-            if not d.consumer.no_ack:
-                unacked[tag] = d
-            m = d.message
-            size += len(m.payload)
-            parts.append(
-                fr.encode_deliver(
-                    number,
-                    ctag,
-                    tag,
-                    d.redelivered,
-                    self._exchange_and_key(m),
-                    messages.delivery_properties(m),
-                    m.payload,
-                    frame_max,
-                )
-            )
-        conn.send(b"".join(parts))
-        self._out_count.inc(len(deliveries))
-        self._out_bytes.inc(size)
-
-    def deliver_memory(
-        self, ctag: bytes, consumer: MemConsumer, batch: list[tuple[Message, bool]]
-    ) -> None:
-        if self.closed:
-            return
-        conn = self.conn
-        parts = []
-        size = 0
-        for m, redelivered in batch:
-            self.delivery_tag += 1
-            tag = self.delivery_tag
-            if not consumer.no_ack:
-                self.unacked[tag] = MemDelivery(consumer, m)
-            size += len(m.payload)
-            parts.append(
-                fr.encode_deliver(
-                    self.number,
-                    ctag,
-                    tag,
-                    redelivered,
-                    self._exchange_and_key(m),
-                    messages.delivery_properties(m),
-                    m.payload,
-                    conn.frame_max,
-                )
-            )
-        conn.send(b"".join(parts))
-        self._out_count.inc(len(batch))
-        self._out_bytes.inc(size)
-
-    def _take_unacked(self, tag: int, multiple: bool) -> list[Delivery | MemDelivery]:
-        unacked = self.unacked
-        if not multiple:
-            d = unacked.pop(tag, None)
-            if d is None:
-                raise ChannelError(rc.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-            return [d]
-        out = []
-        if tag == 0:
-            out = list(unacked.values())
-            unacked.clear()
-            return out
-        if tag > self.delivery_tag:
-            raise ChannelError(rc.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        while unacked:
-            first = next(iter(unacked))
-            if first > tag:
-                break
-            out.append(unacked.popitem(last=False)[1])
-        return out
-
-    def _settle(self, d: Delivery | MemDelivery, requeue: bool | None) -> None:
-        """Ack (None), reject (False) or requeue (True)."""
-        if isinstance(d, Delivery):
-            engine = self.shared.queues.engine
-            if requeue is None:
-                engine.ack(d)
-            else:
-                engine.reject(d, requeue=requeue)
-        else:
-            d.consumer.queue.settled(d.consumer, d.message, requeue)
-
     def set_paused(self, paused: bool) -> None:
-        """Stop or resume deliveries (write buffer full, or Channel.Flow)."""
-        paused = paused or not self.flow_active
-        engine = self.shared.queues.engine
-        for c in self.consumers.values():
-            if isinstance(c, MemConsumer):
-                c.paused = paused
-                if not paused:
-                    c.queue.pump()
-            else:
-                engine.set_paused(c, paused)
+        """Stop or resume deliveries (the connection's write buffer is full or drained)."""
+        self.consumers.set_paused(paused)
+
+    def cancel_consumers(self, match: Callable[[Any], bool]) -> None:
+        """Cancel the consumers ``match`` picks and tell the client (their queue is going)."""
+        self.consumers.cancel_where(match)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -457,25 +338,12 @@ class Channel:
                 self.number, commands.Channel.Close(code, text, method >> 16, method & 0xFFFF)
             )
         )
-        self.release()
-
-    def release(self) -> None:
-        """Cancel consumers and requeue unacknowledged deliveries (channel closing)."""
-        for tag in list(self.consumers):
-            self.cancel_consumer(tag)
-        unacked = list(self.unacked.values())
-        self.unacked.clear()
-        for d in unacked:
-            self._settle(d, True)
+        self.consumers.release()
 
     def close(self) -> None:
-        self.release()
+        self.consumers.close()
         self.closed = True
         self._backlog.clear()
-
-    def _maybe_auto_delete(self, q: MemoryQueue) -> None:
-        if q.auto_delete and q.had_consumer and not q.consumers:
-            self.shared.memqueues.delete(q)
 
     # --- methods ------------------------------------------------------------------------
 
@@ -523,8 +391,7 @@ class Channel:
         raise ConnectionError_(rc.CHANNEL_ERROR, f"channel {self.number} is already open")
 
     def on_channel_flow(self, m: commands.Channel.Flow) -> None:
-        self.flow_active = bool(m.active)
-        self.set_paused(self.conn.paused_writing)
+        self.consumers.set_flow(bool(m.active))
         self.reply(commands.Channel.FlowOk(m.active))
 
     def on_channel_flow_ok(self, m: Any) -> None:
@@ -590,139 +457,28 @@ class Channel:
     def on_basic_qos(self, m: commands.Basic.Qos) -> None:
         if m.prefetch_size:
             raise ConnectionError_(rc.NOT_IMPLEMENTED, "prefetch_size is not supported")
-        self.prefetch = m.prefetch_count
+        self.consumers.prefetch = m.prefetch_count
         self.reply(commands.Basic.QosOk())
 
     def on_basic_consume(self, m: commands.Basic.Consume) -> None:
         name = self._queue_name(m.queue)
-        target = self.topology.lookup(name)
-        tag = m.consumer_tag or f"amq.ctag-{secrets.token_hex(11)}"
-        if tag in self.consumers:
-            raise ConnectionError_(rc.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        ns = self.conn.namespace
-        engine = self.shared.queues.engine
-        busy = (
-            bool(target.consumers)
-            if isinstance(target, MemoryQueue)
-            else engine.consumer_count(ns, name) > 0
-        )
-        if busy and (m.exclusive or self.shared.exclusive_consumers.get((ns, name))):
-            raise ChannelError(
-                rc.ACCESS_REFUSED, f"queue '{name}' in vhost '{self.conn.vhost}' in exclusive use"
-            )
-        if not m.nowait:
-            self.reply(commands.Basic.ConsumeOk(tag))
-        ctag = fr.shortstr(tag)
-        if isinstance(target, MemoryQueue):
-            consumer: Any = MemConsumer(
-                target,
-                tag,
-                lambda c, batch: self.deliver_memory(ctag, c, batch),
-                self.prefetch,
-                bool(m.no_ack),
-            )
-            consumer.paused = self.conn.paused_writing or not self.flow_active
-            self.consumers[tag] = consumer
-            target.add_consumer(consumer)
-        else:
-            consumer = engine.subscribe(
-                ns,
-                name,
-                tag,
-                lambda deliveries: self.deliver_durable(ctag, deliveries),
-                prefetch=self.prefetch,
-                no_ack=bool(m.no_ack),
-            )
-            if self.conn.paused_writing or not self.flow_active:
-                engine.set_paused(consumer, True)
-            self.consumers[tag] = consumer
-        if m.exclusive:
-            self.shared.exclusive_consumers[(ns, name)] = consumer
+        self.consumers.consume(name, self.topology.lookup(name), m)
 
     def on_basic_cancel(self, m: commands.Basic.Cancel) -> None:
-        self.cancel_consumer(m.consumer_tag)
+        self.consumers.cancel(m.consumer_tag)
         if not m.nowait:
             self.reply(commands.Basic.CancelOk(m.consumer_tag))
 
-    def cancel_consumer(self, tag: str) -> Any:
-        consumer = self.consumers.pop(tag, None)
-        if consumer is None:
-            return None
-        ns = self.conn.namespace
-        if isinstance(consumer, MemConsumer):
-            q = consumer.queue
-            q.remove_consumer(consumer)
-            key = (ns, q.name)
-            self._maybe_auto_delete(q)
-        else:
-            self.shared.queues.engine.cancel(consumer)
-            key = (ns, consumer.queue)
-        if self.shared.exclusive_consumers.get(key) is consumer:
-            del self.shared.exclusive_consumers[key]
-        return consumer
-
-    def cancel_consumers(self, match: Callable[[Any], bool]) -> None:
-        """Cancel the consumers ``match`` picks and tell the client (their queue is going)."""
-        for tag, c in list(self.consumers.items()):
-            if match(c):
-                self.cancel_consumer(tag)
-                self.conn.send(encode_method(self.number, commands.Basic.Cancel(tag, True)))
-
     async def on_basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
-        target = self.topology.lookup(name)
-        conn = self.conn
-        if isinstance(target, MemoryQueue):
-            if not target.buffer:
-                self.reply(commands.Basic.GetEmpty())
-                return
-            message, redelivered = target.buffer.popleft()
-            self.delivery_tag += 1
-            if not m.no_ack:
-                holder = MemConsumer(target, "", lambda c, b: None, 0, False)
-                holder.unacked = 1
-                self.unacked[self.delivery_tag] = MemDelivery(holder, message)
-            left = len(target.buffer)
-        else:
-            delivery, left = await self.shared.queues.engine.get(
-                conn.namespace, name, no_ack=bool(m.no_ack)
-            )
-            if delivery is None:
-                self.reply(commands.Basic.GetEmpty())
-                return
-            message, redelivered = delivery.message, delivery.redelivered
-            self.delivery_tag += 1
-            if not m.no_ack:
-                self.unacked[self.delivery_tag] = delivery
-        conn.send(
-            fr.encode_get_ok(
-                self.number,
-                self.delivery_tag,
-                redelivered,
-                self._exchange_and_key(message),
-                left,
-                messages.delivery_properties(message),
-                message.payload,
-                conn.frame_max,
-            )
-        )
-        self._out_count.inc()
-        self._out_bytes.inc(len(message.payload))
+        await self.consumers.get(name, self.topology.lookup(name), m)
 
     def on_basic_recover(self, m: commands.Basic.Recover) -> None:
-        self._recover(m.requeue)
+        self.consumers.recover(m.requeue)
         self.reply(commands.Basic.RecoverOk())
 
     def on_basic_recover_async(self, m: commands.Basic.RecoverAsync) -> None:
-        self._recover(m.requeue)
-
-    def _recover(self, requeue: bool) -> None:
-        if not requeue:
-            raise ConnectionError_(rc.NOT_IMPLEMENTED, "Basic.Recover with requeue=false")
-        unacked = list(self.unacked.values())
-        self.unacked.clear()
-        for d in unacked:
-            self._settle(d, True)
+        self.consumers.recover(m.requeue)
 
     def on_confirm_select(self, m: commands.Confirm.Select) -> None:
         self.confirm = True

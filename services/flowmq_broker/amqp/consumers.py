@@ -202,7 +202,9 @@ class Consumers:
 
     # --- consumers ----------------------------------------------------------------------
 
-    def consume(self, name: str, target: MemoryQueue | Destination, m: Any) -> None:
+    def consume(
+        self, name: str, target: MemoryQueue | Destination, m: commands.Basic.Consume
+    ) -> None:
         """Basic.Consume on queue ``name``: Consume-Ok (unless nowait), then deliveries."""
         tag = m.consumer_tag or f"amq.ctag-{secrets.token_hex(11)}"
         if tag in self.by_tag:
@@ -275,7 +277,9 @@ class Consumers:
         if q.auto_delete and q.had_consumer and not q.consumers:
             self.shared.memqueues.delete(q)
 
-    async def get(self, name: str, target: MemoryQueue | Destination, m: Any) -> None:
+    async def get(
+        self, name: str, target: MemoryQueue | Destination, m: commands.Basic.Get
+    ) -> None:
         """Basic.Get from queue ``name``: Get-Ok with one message, or Get-Empty."""
         conn = self.conn
         if isinstance(target, MemoryQueue):

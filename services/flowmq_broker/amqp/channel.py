@@ -1,4 +1,9 @@
-"""One AMQP channel: its methods, publishes (with confirms), consumers and unacked deliveries.
+"""One AMQP channel: its frames, its method dispatch and its publishes (with confirms).
+
+Owns the channel's life cycle (open, flow, close on a soft error), content assembly for
+Basic.Publish, routing the published message and confirming it once every destination has it.
+The consuming side (consumers, deliveries, acks) is ``Consumers`` (consumers.py); exchange and
+queue methods are worked by ``Topology`` (topology.py), and answered here.
 
 Per-message methods (Basic.Publish + content, Basic.Ack/Nack/Reject, deliveries) are handled
 synchronously from the frames of one read; methods that need the meta store (declares,
@@ -12,56 +17,28 @@ import asyncio
 import collections
 import functools
 import logging
-import math
-import secrets
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pamqp import commands
 
 import flowmq_metrics as metrics
 from flowmq_broker.amqp import messages
+from flowmq_broker.amqp.consumers import Consumers
 from flowmq_broker.amqp.errors import AmqpError, ChannelError, ConnectionError_
-from flowmq_broker.amqp.exchanges import KNOWN_TYPES, SUPPORTED_TYPES, Exchange
-from flowmq_broker.amqp.memqueue import MemConsumer, MemoryQueue
-from flowmq_broker.routing import Binding, DestinationUnavailable
-from flowmq_core.errors import (
-    AlreadyExists,
-    FlowMQError,
-    InvalidFilter,
-    InvalidName,
-    InvalidTopic,
-    NotFound,
-)
-from flowmq_core.mapping import amqp_binding_filter, amqp_publish_topic, amqp_queue_filter
-from flowmq_core.message import Message
-from flowmq_meta.catalog import (
-    QUEUE,
-    QUEUE_DEFAULT_OPTIONS,
-    Destination,
-    validate_queue_name,
-)
-from flowmq_queue import Delivery
+from flowmq_broker.amqp.link import Link
+from flowmq_broker.amqp.state import AmqpState
+from flowmq_broker.amqp.topology import Topology
+from flowmq_broker.routing import DestinationUnavailable
+from flowmq_core.errors import FlowMQError
 from flowmq_queue.errors import QueueFull
 from flowmq_wire.amqp import constants as rc
 from flowmq_wire.amqp import frames as fr
 from flowmq_wire.amqp.methods import decode_method, encode_method
 
-if TYPE_CHECKING:
-    from flowmq_broker.amqp.connection import AmqpConnection
-
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024 * 1024
-_MIB = 1024 * 1024
-
-
-class MemDelivery:
-    __slots__ = ("consumer", "message")
-
-    def __init__(self, consumer: MemConsumer, message: Message) -> None:
-        self.consumer = consumer
-        self.message = message
 
 
 class _Content:
@@ -80,34 +57,26 @@ class _Content:
 
 
 class Channel:
-    def __init__(self, conn: AmqpConnection, number: int) -> None:
+    def __init__(self, conn: Link, shared: AmqpState, number: int) -> None:
         self.conn = conn
         self.number = number
-        self.server = conn.server
+        self.shared = shared
+        self.topology = Topology(shared, conn)
+        self.consumers = Consumers(conn, shared, number)
         self.closing = False  # we sent Channel.Close and wait for CloseOk
         self.closed = False
-        self.flow_active = True
-        self.prefetch = 0
         self.confirm = False
         self.publish_seq = 0
         self._confirms: collections.deque[list[Any]] = collections.deque()
         self._confirm_scheduled = False
-        self.delivery_tag = 0
-        self.unacked: collections.OrderedDict[int, Delivery | MemDelivery] = (
-            collections.OrderedDict()
-        )
-        self.consumers: dict[str, Any] = {}
         self.last_queue = ""
         self._content: _Content | None = None
         self._blocked = False
         self._backlog: collections.deque[tuple[int, bytes]] = collections.deque()
-        self._exrk_cache: tuple[str, str, bytes] = ("", "", b"\x00\x00")
         # Metric children resolved once: a labels() lookup per message shows in profiles.
         ns = conn.namespace
         self._in_count = metrics.amqp_messages_in_count.labels(ns)
         self._in_bytes = metrics.amqp_messages_in_bytes_count.labels(ns)
-        self._out_count = metrics.amqp_messages_out_count.labels(ns)
-        self._out_bytes = metrics.amqp_messages_out_bytes_count.labels(ns)
 
     # --- frames -------------------------------------------------------------------------
 
@@ -149,17 +118,20 @@ class Channel:
             self._content = _Content(exchange, routing_key, mandatory)
         elif index == fr.BASIC_ACK:
             tag, bits = fr.decode_tag_bits(payload)
-            for d in self._take_unacked(tag, bool(bits & 1)):
-                self._settle(d, None)
+            consumers = self.consumers
+            for d in consumers.take_unacked(tag, bool(bits & 1)):
+                consumers.settle(d, None)
         elif index == fr.BASIC_NACK:
             tag, bits = fr.decode_tag_bits(payload)
             requeue = bool(bits & 2)
-            for d in self._take_unacked(tag, bool(bits & 1)):
-                self._settle(d, requeue)
+            consumers = self.consumers
+            for d in consumers.take_unacked(tag, bool(bits & 1)):
+                consumers.settle(d, requeue)
         elif index == fr.BASIC_REJECT:
             tag, bits = fr.decode_tag_bits(payload)
-            for d in self._take_unacked(tag, False):
-                self._settle(d, bool(bits & 1))
+            consumers = self.consumers
+            for d in consumers.take_unacked(tag, False):
+                consumers.settle(d, bool(bits & 1))
         else:
             self._method(decode_method(payload))
 
@@ -207,7 +179,7 @@ class Channel:
     def _publish(self, content: _Content, body: bytes) -> None:
         conn = self.conn
         ns = conn.namespace
-        exchange = self.server.exchanges.get(ns, content.exchange)
+        exchange = self.shared.exchanges.get(ns, content.exchange)
         if exchange is None:
             raise ChannelError(
                 rc.NOT_FOUND, f"no exchange '{content.exchange}' in vhost '{conn.vhost}'"
@@ -222,7 +194,7 @@ class Channel:
         if self.confirm:
             self.publish_seq += 1
             seq = self.publish_seq
-        topic = self.server.publish_topic(content.exchange, content.routing_key, exchange.type)
+        topic = self.shared.publish_topic(content.exchange, content.routing_key, exchange.type)
         assert content.props is not None
         pending: list[Awaitable[Any]] = []
         routed = False
@@ -231,7 +203,7 @@ class Channel:
                 topic, content.exchange, content.routing_key, content.props, body
             )
             try:
-                bindings, pending = self.server.router.dispatch(ns, message)
+                bindings, pending = self.shared.router.dispatch(ns, message)
             except DestinationUnavailable as exc:
                 if seq:
                     self._confirm(seq, [], str(exc))
@@ -254,7 +226,7 @@ class Channel:
         if seq:
             self._confirm(seq, pending)
         elif pending:
-            conn.track_publishes(pending, self)
+            self._track_publishes(pending)
 
     def _confirm(self, seq: int, pending: list[Awaitable[Any]], failure: str = "") -> None:
         entry: list[Any] = [seq, None]
@@ -318,6 +290,21 @@ class Channel:
         if out:
             self.conn.send(b"".join(out))
 
+    def _track_publishes(self, pending: list[Awaitable[Any]]) -> None:
+        """A publish without confirms: only failures matter (a full queue closes the
+        channel); the pending count still bounds memory."""
+        conn = self.conn
+        conn.publish_started(len(pending))
+
+        def done(f: asyncio.Future[Any]) -> None:
+            conn.publish_finished(1)
+            if not f.cancelled() and f.exception() is not None:
+                self.publish_failed(f.exception())  # type: ignore[arg-type]
+                conn.flush()
+
+        for awaitable in pending:
+            asyncio.ensure_future(awaitable).add_done_callback(done)
+
     def publish_failed(self, exc: BaseException) -> None:
         """A publish without confirms could not be stored."""
         if self.closed or self.closing:
@@ -329,120 +316,13 @@ class Channel:
 
     # --- deliveries ---------------------------------------------------------------------
 
-    def _exchange_and_key(self, message: Message) -> bytes:
-        exchange, key = messages.exchange_and_key(message)
-        cached = self._exrk_cache
-        if cached[0] == exchange and cached[1] == key:
-            return cached[2]
-        encoded = fr.shortstr(exchange) + fr.shortstr(key[:255])
-        self._exrk_cache = (exchange, key, encoded)
-        return encoded
-
-    def deliver_durable(self, ctag: bytes, deliveries: list[Delivery]) -> None:
-        if self.closed:
-            return
-        conn = self.conn
-        parts = []
-        number = self.number
-        frame_max = conn.frame_max
-        unacked = self.unacked
-        size = 0
-        for d in deliveries:
-            self.delivery_tag += 1
-            tag = self.delivery_tag
-            if not d.consumer.no_ack:
-                unacked[tag] = d
-            m = d.message
-            size += len(m.payload)
-            parts.append(
-                fr.encode_deliver(
-                    number,
-                    ctag,
-                    tag,
-                    d.redelivered,
-                    self._exchange_and_key(m),
-                    messages.delivery_properties(m),
-                    m.payload,
-                    frame_max,
-                )
-            )
-        conn.send(b"".join(parts))
-        self._out_count.inc(len(deliveries))
-        self._out_bytes.inc(size)
-
-    def deliver_memory(
-        self, ctag: bytes, consumer: MemConsumer, batch: list[tuple[Message, bool]]
-    ) -> None:
-        if self.closed:
-            return
-        conn = self.conn
-        parts = []
-        size = 0
-        for m, redelivered in batch:
-            self.delivery_tag += 1
-            tag = self.delivery_tag
-            if not consumer.no_ack:
-                self.unacked[tag] = MemDelivery(consumer, m)
-            size += len(m.payload)
-            parts.append(
-                fr.encode_deliver(
-                    self.number,
-                    ctag,
-                    tag,
-                    redelivered,
-                    self._exchange_and_key(m),
-                    messages.delivery_properties(m),
-                    m.payload,
-                    conn.frame_max,
-                )
-            )
-        conn.send(b"".join(parts))
-        self._out_count.inc(len(batch))
-        self._out_bytes.inc(size)
-
-    def _take_unacked(self, tag: int, multiple: bool) -> list[Delivery | MemDelivery]:
-        unacked = self.unacked
-        if not multiple:
-            d = unacked.pop(tag, None)
-            if d is None:
-                raise ChannelError(rc.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-            return [d]
-        out = []
-        if tag == 0:
-            out = list(unacked.values())
-            unacked.clear()
-            return out
-        if tag > self.delivery_tag:
-            raise ChannelError(rc.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
-        while unacked:
-            first = next(iter(unacked))
-            if first > tag:
-                break
-            out.append(unacked.popitem(last=False)[1])
-        return out
-
-    def _settle(self, d: Delivery | MemDelivery, requeue: bool | None) -> None:
-        """Ack (None), reject (False) or requeue (True)."""
-        if isinstance(d, Delivery):
-            engine = self.server.queues.engine
-            if requeue is None:
-                engine.ack(d)
-            else:
-                engine.reject(d, requeue=requeue)
-        else:
-            d.consumer.queue.settled(d.consumer, d.message, requeue)
-
     def set_paused(self, paused: bool) -> None:
-        """Stop or resume deliveries (write buffer full, or Channel.Flow)."""
-        paused = paused or not self.flow_active
-        engine = self.server.queues.engine
-        for c in self.consumers.values():
-            if isinstance(c, MemConsumer):
-                c.paused = paused
-                if not paused:
-                    c.queue.pump()
-            else:
-                engine.set_paused(c, paused)
+        """Stop or resume deliveries (the connection's write buffer is full or drained)."""
+        self.consumers.set_paused(paused)
+
+    def cancel_consumers(self, match: Callable[[Any], bool]) -> None:
+        """Cancel the consumers ``match`` picks and tell the client (their queue is going)."""
+        self.consumers.cancel_where(match)
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -458,25 +338,12 @@ class Channel:
                 self.number, commands.Channel.Close(code, text, method >> 16, method & 0xFFFF)
             )
         )
-        self.release()
-
-    def release(self) -> None:
-        """Cancel consumers and requeue unacknowledged deliveries (channel closing)."""
-        for tag in list(self.consumers):
-            self.cancel_consumer(tag)
-        unacked = list(self.unacked.values())
-        self.unacked.clear()
-        for d in unacked:
-            self._settle(d, True)
+        self.consumers.release()
 
     def close(self) -> None:
-        self.release()
+        self.consumers.close()
         self.closed = True
         self._backlog.clear()
-
-    def _maybe_auto_delete(self, q: MemoryQueue) -> None:
-        if q.auto_delete and q.had_consumer and not q.consumers:
-            self.server.memqueues.delete(q)
 
     # --- methods ------------------------------------------------------------------------
 
@@ -524,8 +391,7 @@ class Channel:
         raise ConnectionError_(rc.CHANNEL_ERROR, f"channel {self.number} is already open")
 
     def on_channel_flow(self, m: commands.Channel.Flow) -> None:
-        self.flow_active = bool(m.active)
-        self.set_paused(self.conn.paused_writing)
+        self.consumers.set_flow(bool(m.active))
         self.reply(commands.Channel.FlowOk(m.active))
 
     def on_channel_flow_ok(self, m: Any) -> None:
@@ -534,81 +400,21 @@ class Channel:
     def on_channel_close(self, m: commands.Channel.Close) -> None:
         self.reply(commands.Channel.CloseOk())
         self.close()
-        self.conn.channel_closed(self)
+        self.conn.channel_closed(self.number, self)
 
     def on_channel_close_ok(self, m: Any) -> None:
         self.close()
-        self.conn.channel_closed(self)
+        self.conn.channel_closed(self.number, self)
 
     # Exchange --------------------------------------------------------------------------
 
     async def on_exchange_declare(self, m: commands.Exchange.Declare) -> None:
-        name = m.exchange
-        ns = self.conn.namespace
-        existing = self.server.exchanges.get(ns, name)
-        if m.passive:
-            if existing is None:
-                raise ChannelError(
-                    rc.NOT_FOUND, f"no exchange '{name}' in vhost '{self.conn.vhost}'"
-                )
-        else:
-            if m.exchange_type not in KNOWN_TYPES:
-                raise ConnectionError_(
-                    rc.COMMAND_INVALID, f"unknown exchange type '{m.exchange_type}'"
-                )
-            if existing is not None:
-                if existing.type != m.exchange_type:
-                    raise ChannelError(
-                        rc.PRECONDITION_FAILED,
-                        f"inequivalent arg 'type' for exchange '{name}' in vhost "
-                        f"'{self.conn.vhost}': received '{m.exchange_type}' but current is "
-                        f"'{existing.type}'",
-                    )
-            else:
-                if name.startswith("amq.") or not name:
-                    raise ChannelError(
-                        rc.ACCESS_REFUSED,
-                        f"exchange name '{name}' contains reserved prefix 'amq.'",
-                    )
-                if m.exchange_type not in SUPPORTED_TYPES:
-                    raise ConnectionError_(
-                        rc.NOT_IMPLEMENTED,
-                        f"exchange type '{m.exchange_type}' is not supported "
-                        f"(supported: {', '.join(SUPPORTED_TYPES)})",
-                    )
-                try:
-                    amqp_publish_topic(name, "x", m.exchange_type)
-                except (InvalidName, InvalidTopic) as exc:
-                    raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
-                stored = await self.server.exchanges.declare(
-                    ns,
-                    Exchange(
-                        name,
-                        m.exchange_type,
-                        bool(m.durable),
-                        bool(m.auto_delete),
-                        bool(m.internal),
-                        dict(m.arguments or {}),
-                    ),
-                )
-                if stored.type != m.exchange_type:
-                    raise ChannelError(
-                        rc.PRECONDITION_FAILED,
-                        f"inequivalent arg 'type' for exchange '{name}'",
-                    )
+        await self.topology.declare_exchange(m)
         if not m.nowait:
             self.reply(commands.Exchange.DeclareOk())
 
     async def on_exchange_delete(self, m: commands.Exchange.Delete) -> None:
-        name = m.exchange
-        ns = self.conn.namespace
-        existing = self.server.exchanges.get(ns, name)
-        if existing is not None and existing.builtin:
-            raise ChannelError(
-                rc.ACCESS_REFUSED, f"operation not permitted on exchange '{name or 'default'}'"
-            )
-        if existing is not None:
-            await self.server.exchanges.delete(ns, name)
+        await self.topology.delete_exchange(m)
         if not m.nowait:
             self.reply(commands.Exchange.DeleteOk())
 
@@ -621,239 +427,28 @@ class Channel:
             raise ConnectionError_(rc.NOT_ALLOWED, "no previously declared queue")
         return self.last_queue
 
-    def _lookup(self, name: str) -> MemoryQueue | Destination:
-        """The queue ``name``: a memory queue or a Queue destination; 404 otherwise."""
-        ns = self.conn.namespace
-        q = self.server.memqueues.get(ns, name)
-        if q is not None:
-            self._check_exclusive(q)
-            return q
-        dest = self.server.router.destination(Binding(QUEUE, ns, name))
-        if dest is None:
-            raise ChannelError(rc.NOT_FOUND, f"no queue '{name}' in vhost '{self.conn.vhost}'")
-        return dest
-
-    def _check_exclusive(self, q: MemoryQueue) -> None:
-        if q.exclusive and q.owner is not self.conn:
-            raise ChannelError(
-                rc.RESOURCE_LOCKED,
-                f"cannot obtain exclusive access to locked queue '{q.name}' in vhost "
-                f"'{self.conn.vhost}'",
-            )
-
     async def on_queue_declare(self, m: commands.Queue.Declare) -> None:
-        conn = self.conn
-        ns = conn.namespace
-        name = m.queue
-        memory = bool(m.exclusive or m.auto_delete)
-        if not name:
-            if m.passive:
-                raise ConnectionError_(rc.NOT_ALLOWED, "passive declare of a server-named queue")
-            name = ("amq.gen-" if memory else "gen-") + secrets.token_hex(11)
-        elif name.startswith("amq.") and not m.passive:
-            raise ChannelError(
-                rc.ACCESS_REFUSED,
-                f"queue name '{name}' contains reserved prefix 'amq.'",
-            )
-        q = self.server.memqueues.get(ns, name)
-        if q is not None:
-            self._check_exclusive(q)
-            if not m.passive and not memory:
-                raise ChannelError(
-                    rc.PRECONDITION_FAILED,
-                    f"inequivalent arg 'exclusive'/'auto_delete' for queue '{name}'",
-                )
-            self._declare_ok(m, name, len(q.buffer), len(q.consumers))
-            return
-        try:
-            dest: Destination | None = await self.server.catalog.get_destination(ns, name, QUEUE)
-        except NotFound:
-            dest = None
-        if dest is not None and self.server.router.destination(Binding(QUEUE, ns, name)) is None:
-            # Created through another broker, not yet applied here (gossip is on its way):
-            # apply it now, so that the consume that follows the Declare-Ok finds it.
-            await self.server.services.sync.refresh()
-        if m.passive:
-            if dest is None:
-                raise ChannelError(rc.NOT_FOUND, f"no queue '{name}' in vhost '{conn.vhost}'")
-        elif memory:
-            if dest is not None:
-                raise ChannelError(
-                    rc.PRECONDITION_FAILED,
-                    f"inequivalent arg 'exclusive'/'auto_delete' for queue '{name}': it is a "
-                    "durable queue",
-                )
-            try:
-                implicit = amqp_queue_filter(name)
-            except InvalidName as exc:
-                raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
-            q = MemoryQueue(
-                ns,
-                name,
-                conn if m.exclusive else None,
-                exclusive=bool(m.exclusive),
-                auto_delete=bool(m.auto_delete),
-                durable=bool(m.durable),
-                arguments=dict(m.arguments or {}),
-            )
-            self.server.memqueues.add(q, implicit)
-            conn.owned_queues.append(q)
-            self._declare_ok(m, name, 0, 0)
-            return
-        else:
-            wanted = self._queue_options(name, m.arguments or {})
-            if dest is None:
-                try:
-                    validate_queue_name(name)
-                    dest = Destination(QUEUE, ns, name, [amqp_queue_filter(name)], wanted)
-                    await self.server.catalog.create_destination(dest)
-                except AlreadyExists:
-                    dest = await self.server.catalog.get_destination(ns, name, QUEUE)
-                except (InvalidName, FlowMQError) as exc:
-                    raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
-                await self.server.services.metadata_changed()
-            for arg, option in _ARG_OPTIONS.items():
-                if arg in (m.arguments or {}) and dest.options.get(option) != wanted.get(option):
-                    raise ChannelError(
-                        rc.PRECONDITION_FAILED,
-                        f"inequivalent arg '{arg}' for queue '{name}' in vhost '{conn.vhost}': "
-                        f"received {wanted.get(option)!r} but current is "
-                        f"{dest.options.get(option)!r} ({option})",
-                    )
-        engine = self.server.queues.engine
-        ready = await engine.ready_count(ns, name)
-        self._declare_ok(m, name, ready, engine.consumer_count(ns, name))
-
-    def _declare_ok(self, m: Any, name: str, ready: int, consumers: int) -> None:
+        name, ready, consumers = await self.topology.declare_queue(m)
         self.last_queue = name
         if not m.nowait:
             self.reply(commands.Queue.DeclareOk(name, ready, consumers))
 
-    def _queue_options(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Queue destination options from x-arguments (RabbitMQ's names where they exist)."""
-        options = dict(QUEUE_DEFAULT_OPTIONS)
-        try:
-            if "x-message-ttl" in args:
-                options["message_ttl_seconds"] = max(
-                    1, math.ceil(int(args["x-message-ttl"]) / 1000)
-                )
-            if "x-max-length-bytes" in args:
-                options["max_size_mb"] = max(1, math.ceil(int(args["x-max-length-bytes"]) / _MIB))
-            for key in ("x-delivery-limit", "x-max-retries"):
-                if key in args:
-                    options["max_retries"] = max(0, int(args[key]))
-            if "x-queue-shards" in args:
-                options["shards"] = min(256, max(1, int(args["x-queue-shards"])))
-            if "x-dead-letter-topic" in args:
-                topic = _text(args["x-dead-letter-topic"])
-                options["dead_letter_topic"] = topic
-            elif "x-dead-letter-exchange" in args:
-                dlx = _text(args["x-dead-letter-exchange"])
-                key = _text(args.get("x-dead-letter-routing-key", name))
-                ex = self.server.exchanges.get(self.conn.namespace, dlx)
-                options["dead_letter_topic"] = amqp_publish_topic(
-                    dlx, key, ex.type if ex is not None else "topic"
-                )
-        except (ValueError, TypeError, InvalidName, InvalidTopic) as exc:
-            raise ChannelError(rc.PRECONDITION_FAILED, f"invalid queue argument: {exc}") from None
-        overflow = args.get("x-overflow")
-        if overflow is not None and _text(overflow) != "reject-publish":
-            raise ChannelError(
-                rc.PRECONDITION_FAILED,
-                f"x-overflow '{_text(overflow)}' is not supported: FlowMQ queues refuse "
-                "publishes beyond their size (reject-publish)",
-            )
-        return options
-
     async def on_queue_bind(self, m: commands.Queue.Bind) -> None:
-        await self._bind(m, bind=True)
+        await self.topology.bind(self._queue_name(m.queue), m)
         if not m.nowait:
             self.reply(commands.Queue.BindOk())
 
     async def on_queue_unbind(self, m: commands.Queue.Unbind) -> None:
-        await self._bind(m, bind=False)
+        await self.topology.unbind(self._queue_name(m.queue), m)
         self.reply(commands.Queue.UnbindOk())
 
-    async def _bind(self, m: Any, *, bind: bool) -> None:
-        ns = self.conn.namespace
-        name = self._queue_name(m.queue)
-        target = self._lookup(name)
-        exchange = self.server.exchanges.get(ns, m.exchange)
-        if exchange is None:
-            raise ChannelError(
-                rc.NOT_FOUND, f"no exchange '{m.exchange}' in vhost '{self.conn.vhost}'"
-            )
-        if exchange.name == "":
-            raise ChannelError(rc.ACCESS_REFUSED, "operation not permitted on the default exchange")
-        if exchange.type not in SUPPORTED_TYPES:
-            raise ConnectionError_(
-                rc.NOT_IMPLEMENTED, f"bindings to {exchange.type} exchanges are not supported"
-            )
-        try:
-            topic_filter = amqp_binding_filter(exchange.name, m.routing_key, exchange.type)
-        except (InvalidName, InvalidFilter) as exc:
-            raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
-        if isinstance(target, MemoryQueue):
-            if bind:
-                self.server.memqueues.bind(target, topic_filter)
-            elif topic_filter != amqp_queue_filter(target.name):
-                self.server.memqueues.unbind(target, topic_filter)
-            return
-        catalog = self.server.catalog
-        dest = await catalog.get_destination(ns, name, QUEUE)
-        filters = list(dest.topic_filters)
-        if bind and topic_filter not in filters:
-            filters.append(topic_filter)
-        elif not bind and topic_filter in filters and topic_filter != amqp_queue_filter(name):
-            filters.remove(topic_filter)
-        else:
-            return
-        dest.topic_filters = filters
-        await catalog.update_destination(dest)
-        await self.server.services.metadata_changed()
-
     async def on_queue_purge(self, m: commands.Queue.Purge) -> None:
-        name = self._queue_name(m.queue)
-        target = self._lookup(name)
-        if isinstance(target, MemoryQueue):
-            count = target.purge()
-        else:
-            count = await self.server.queues.engine.purge(self.conn.namespace, name)
+        count = await self.topology.purge(self._queue_name(m.queue))
         if not m.nowait:
             self.reply(commands.Queue.PurgeOk(count))
 
     async def on_queue_delete(self, m: commands.Queue.Delete) -> None:
-        ns = self.conn.namespace
-        name = self._queue_name(m.queue)
-        try:
-            target = self._lookup(name)
-        except ChannelError as exc:
-            if exc.code != rc.NOT_FOUND:
-                raise
-            if not m.nowait:  # RabbitMQ: deleting a missing queue succeeds
-                self.reply(commands.Queue.DeleteOk(0))
-            return
-        if isinstance(target, MemoryQueue):
-            if m.if_unused and target.consumers:
-                raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' in use")
-            if m.if_empty and target.buffer:
-                raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' not empty")
-            self.server.cancel_consumers_of(target)
-            count = self.server.memqueues.delete(target)
-        else:
-            engine = self.server.queues.engine
-            if m.if_unused and engine.consumer_count(ns, name):
-                raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' in use")
-            count = await engine.ready_count(ns, name)
-            if m.if_empty and count:
-                raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' not empty")
-            try:
-                await self.server.catalog.delete_destination(ns, name, QUEUE)
-            except NotFound:
-                pass
-            await self.server.services.metadata_changed()
-            self.server.cancel_consumers_of_durable(ns, name)
-            await engine.delete(ns, name)
+        count = await self.topology.delete_queue(self._queue_name(m.queue), m)
         if not m.nowait:
             self.reply(commands.Queue.DeleteOk(count))
 
@@ -862,154 +457,34 @@ class Channel:
     def on_basic_qos(self, m: commands.Basic.Qos) -> None:
         if m.prefetch_size:
             raise ConnectionError_(rc.NOT_IMPLEMENTED, "prefetch_size is not supported")
-        self.prefetch = m.prefetch_count
+        self.consumers.prefetch = m.prefetch_count
         self.reply(commands.Basic.QosOk())
 
     def on_basic_consume(self, m: commands.Basic.Consume) -> None:
         name = self._queue_name(m.queue)
-        target = self._lookup(name)
-        tag = m.consumer_tag or f"amq.ctag-{secrets.token_hex(11)}"
-        if tag in self.consumers:
-            raise ConnectionError_(rc.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
-        ns = self.conn.namespace
-        engine = self.server.queues.engine
-        busy = (
-            bool(target.consumers)
-            if isinstance(target, MemoryQueue)
-            else engine.consumer_count(ns, name) > 0
-        )
-        if busy and (m.exclusive or self.server.exclusive_consumers.get((ns, name))):
-            raise ChannelError(
-                rc.ACCESS_REFUSED, f"queue '{name}' in vhost '{self.conn.vhost}' in exclusive use"
-            )
-        if not m.nowait:
-            self.reply(commands.Basic.ConsumeOk(tag))
-        ctag = fr.shortstr(tag)
-        if isinstance(target, MemoryQueue):
-            consumer: Any = MemConsumer(
-                target,
-                tag,
-                lambda c, batch: self.deliver_memory(ctag, c, batch),
-                self.prefetch,
-                bool(m.no_ack),
-            )
-            consumer.paused = self.conn.paused_writing or not self.flow_active
-            self.consumers[tag] = consumer
-            target.add_consumer(consumer)
-        else:
-            consumer = engine.subscribe(
-                ns,
-                name,
-                tag,
-                lambda deliveries: self.deliver_durable(ctag, deliveries),
-                prefetch=self.prefetch,
-                no_ack=bool(m.no_ack),
-            )
-            if self.conn.paused_writing or not self.flow_active:
-                engine.set_paused(consumer, True)
-            self.consumers[tag] = consumer
-        if m.exclusive:
-            self.server.exclusive_consumers[(ns, name)] = consumer
+        self.consumers.consume(name, self.topology.lookup(name), m)
 
     def on_basic_cancel(self, m: commands.Basic.Cancel) -> None:
-        self.cancel_consumer(m.consumer_tag)
+        self.consumers.cancel(m.consumer_tag)
         if not m.nowait:
             self.reply(commands.Basic.CancelOk(m.consumer_tag))
 
-    def cancel_consumer(self, tag: str) -> Any:
-        consumer = self.consumers.pop(tag, None)
-        if consumer is None:
-            return None
-        ns = self.conn.namespace
-        if isinstance(consumer, MemConsumer):
-            q = consumer.queue
-            q.remove_consumer(consumer)
-            key = (ns, q.name)
-            self._maybe_auto_delete(q)
-        else:
-            self.server.queues.engine.cancel(consumer)
-            key = (ns, consumer.queue)
-        if self.server.exclusive_consumers.get(key) is consumer:
-            del self.server.exclusive_consumers[key]
-        return consumer
-
     async def on_basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
-        target = self._lookup(name)
-        conn = self.conn
-        if isinstance(target, MemoryQueue):
-            if not target.buffer:
-                self.reply(commands.Basic.GetEmpty())
-                return
-            message, redelivered = target.buffer.popleft()
-            self.delivery_tag += 1
-            if not m.no_ack:
-                holder = MemConsumer(target, "", lambda c, b: None, 0, False)
-                holder.unacked = 1
-                self.unacked[self.delivery_tag] = MemDelivery(holder, message)
-            left = len(target.buffer)
-        else:
-            delivery, left = await self.server.queues.engine.get(
-                conn.namespace, name, no_ack=bool(m.no_ack)
-            )
-            if delivery is None:
-                self.reply(commands.Basic.GetEmpty())
-                return
-            message, redelivered = delivery.message, delivery.redelivered
-            self.delivery_tag += 1
-            if not m.no_ack:
-                self.unacked[self.delivery_tag] = delivery
-        conn.send(
-            fr.encode_get_ok(
-                self.number,
-                self.delivery_tag,
-                redelivered,
-                self._exchange_and_key(message),
-                left,
-                messages.delivery_properties(message),
-                message.payload,
-                conn.frame_max,
-            )
-        )
-        self._out_count.inc()
-        self._out_bytes.inc(len(message.payload))
+        await self.consumers.get(name, self.topology.lookup(name), m)
 
     def on_basic_recover(self, m: commands.Basic.Recover) -> None:
-        self._recover(m.requeue)
+        self.consumers.recover(m.requeue)
         self.reply(commands.Basic.RecoverOk())
 
     def on_basic_recover_async(self, m: commands.Basic.RecoverAsync) -> None:
-        self._recover(m.requeue)
-
-    def _recover(self, requeue: bool) -> None:
-        if not requeue:
-            raise ConnectionError_(rc.NOT_IMPLEMENTED, "Basic.Recover with requeue=false")
-        unacked = list(self.unacked.values())
-        self.unacked.clear()
-        for d in unacked:
-            self._settle(d, True)
+        self.consumers.recover(m.requeue)
 
     def on_confirm_select(self, m: commands.Confirm.Select) -> None:
         self.confirm = True
         if not m.nowait:
             self.reply(commands.Confirm.SelectOk())
 
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes | bytearray):
-        return bytes(value).decode()
-    return str(value)
-
-
-# x-argument -> queue destination option, compared on redeclare.
-_ARG_OPTIONS = {
-    "x-message-ttl": "message_ttl_seconds",
-    "x-max-length-bytes": "max_size_mb",
-    "x-delivery-limit": "max_retries",
-    "x-max-retries": "max_retries",
-    "x-dead-letter-exchange": "dead_letter_topic",
-    "x-dead-letter-topic": "dead_letter_topic",
-}
 
 _HANDLERS: dict[type, Callable[[Channel, Any], Any]] = {
     commands.Channel.Open: Channel.on_channel_open,

@@ -9,22 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from pamqp import commands, decode
 
 import flowmq_metrics as metrics
 from flowmq_broker.amqp.channel import Channel
 from flowmq_broker.amqp.errors import AmqpError, ConnectionError_
+from flowmq_broker.amqp.memqueue import MemoryQueue
+from flowmq_broker.amqp.state import AmqpState
 from flowmq_core.errors import NotFound
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_wire.amqp import constants as rc
 from flowmq_wire.amqp import frames as fr
 from flowmq_wire.amqp.methods import UnknownMethod, decode_method, encode_method
-
-if TYPE_CHECKING:
-    from flowmq_broker.amqp.memqueue import MemoryQueue
-    from flowmq_broker.amqp.server import AmqpServer
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +43,10 @@ _CONNECTION_CLOSE_OK = 0x000A0033
 
 
 class AmqpConnection(asyncio.Protocol):
-    def __init__(self, server: AmqpServer) -> None:
-        self.server = server
+    """Implements ``Link`` (link.py), the view its channels and the broker-wide state have."""
+
+    def __init__(self, shared: AmqpState) -> None:
+        self.shared = shared
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.reader = fr.FrameReader(FRAME_MAX)
@@ -81,7 +82,7 @@ class AmqpConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.server.connections.add(self)
+        self.shared.connections.add(self)
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -94,12 +95,12 @@ class AmqpConnection(asyncio.Protocol):
         self.channels.clear()
         for q in self.owned_queues:
             if q.exclusive or not q.consumers:
-                self.server.cancel_consumers_of(q)
-                self.server.memqueues.delete(q)
+                self.shared.cancel_consumers_of(q)
+                self.shared.memqueues.delete(q)
         self.owned_queues.clear()
         for task in self.tasks:
             task.cancel()
-        self.server.connections.discard(self)
+        self.shared.connections.discard(self)
         if self._counted:
             metrics.amqp_connections.labels(self.namespace).dec()
 
@@ -221,12 +222,16 @@ class AmqpConnection(asyncio.Protocol):
             raise ConnectionError_(
                 rc.CHANNEL_ERROR, f"channel {number} is above channel_max {self.channel_max}"
             )
-        self.channels[number] = Channel(self, number)
+        self.channels[number] = Channel(self, self.shared, number)
         self.send(encode_method(number, commands.Channel.OpenOk()))
 
-    def channel_closed(self, channel: Channel) -> None:
-        if self.channels.get(channel.number) is channel:
-            del self.channels[channel.number]
+    def channel_closed(self, number: int, channel: object) -> None:
+        if self.channels.get(number) is channel:
+            del self.channels[number]
+
+    def cancel_consumers(self, match: Callable[[Any], bool]) -> None:
+        for channel in list(self.channels.values()):
+            channel.cancel_consumers(match)
 
     def fail(self, code: int, text: str, method: int) -> None:
         """Close the connection for a hard error: Connection.Close, then wait for CloseOk."""
@@ -250,6 +255,10 @@ class AmqpConnection(asyncio.Protocol):
             self.flush()
         else:
             self._close_transport()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
     # --- negotiation --------------------------------------------------------------------
 
@@ -307,12 +316,12 @@ class AmqpConnection(asyncio.Protocol):
 
     def _start_ok(self, m: commands.Connection.StartOk) -> None:
         user, password = _credentials(m.mechanism, m.response)
-        server = self.server
-        users = server.services.users
+        shared = self.shared
+        users = shared.services.users
         if user is not None and users.known(user):
             ok = users.check(user, password)
         else:
-            ok = server.allow_anonymous
+            ok = shared.allow_anonymous
         if not ok:
             raise ConnectionError_(
                 rc.ACCESS_REFUSED,
@@ -341,7 +350,7 @@ class AmqpConnection(asyncio.Protocol):
         vhost = m.virtual_host or "/"
         namespace = DEFAULT_NAMESPACE if vhost in ("/", DEFAULT_NAMESPACE) else vhost.lstrip("/")
         try:
-            await self.server.catalog.get_namespace(namespace)
+            await self.shared.catalog.get_namespace(namespace)
         except (NotFound, ValueError):
             self.fail(rc.NOT_ALLOWED, f"NOT_ALLOWED - vhost {vhost} not found", m.index)
             self.flush()
@@ -398,20 +407,6 @@ class AmqpConnection(asyncio.Protocol):
             self._reading_paused = False
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()
-
-    def track_publishes(self, pending: list[Any], channel: Channel) -> None:
-        """A publish without confirms: only failures matter (a full queue closes the
-        channel); the pending count still bounds memory."""
-        self.publish_started(len(pending))
-
-        def done(f: asyncio.Future[Any]) -> None:
-            self.publish_finished(1)
-            if not f.cancelled() and f.exception() is not None:
-                channel.publish_failed(f.exception())  # type: ignore[arg-type]
-                self.flush()
-
-        for awaitable in pending:
-            asyncio.ensure_future(awaitable).add_done_callback(done)
 
 
 def _index(payload: bytes, frame_type: int) -> int:

@@ -1,0 +1,25 @@
+"""The TCP listener every protocol adapter serves on: one place for its socket options.
+
+All interfaces, ``SO_REUSEADDR`` (a restarted broker binds at once, even with connections of
+its previous run in TIME_WAIT) and a backlog large enough for a burst of clients connecting
+together.  Port 0 binds a free port; the bound one is returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+HOST = "0.0.0.0"
+BACKLOG = 1024
+
+
+async def listen(
+    protocol_factory: Callable[[], asyncio.BaseProtocol], port: int
+) -> tuple[asyncio.Server, int]:
+    """Start serving ``protocol_factory`` on ``port``; returns the server and its bound port."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        protocol_factory, HOST, port, reuse_address=True, backlog=BACKLOG
+    )
+    return server, server.sockets[0].getsockname()[1]

@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, overload
+from typing import Any
 
 from flowmq_core.errors import AlreadyExists, FlowMQError, InvalidName, NameCollision, NotFound
 from flowmq_core.mapping import (
@@ -222,44 +222,18 @@ class Catalog:
 
         return await self.store.transact(txn)
 
-    @overload
-    async def update_destination(self, dest: Destination, /) -> Destination: ...
-
-    @overload
     async def update_destination(
         self,
         namespace: str,
         name: str,
         dest_type: str,
         change: Callable[[Destination], Destination],
-        /,
-    ) -> Destination: ...
-
-    async def update_destination(
-        self,
-        target: Destination | str,
-        name: str | None = None,
-        dest_type: str | None = None,
-        change: Callable[[Destination], Destination] | None = None,
-        /,
     ) -> Destination:
         """Change a destination in one transaction: ``change`` gets the record as that
         transaction reads it and returns the new one, so an update committed meanwhile is
         built upon, never overwritten.  ``change`` may run more than once (a transaction is
-        retried on conflict) and may raise to refuse; it cannot rename or retype.
-
-        ``update_destination(dest)`` replaces the whole record with ``dest``: a caller that
-        built ``dest`` from a record it read before loses changes made since then."""
-        if isinstance(target, Destination):
-            whole = target
-            namespace, name, dest_type = whole.namespace, whole.name, whole.type
-
-            def change(current: Destination) -> Destination:
-                return whole
-
-        else:
-            namespace = target
-        assert name is not None and dest_type is not None and change is not None
+        retried on conflict) and may raise to refuse; it cannot rename or retype.  A change
+        that returns the record as it was writes nothing (no new metadata version)."""
         key = keys.DESTINATIONS.pack(namespace, name)
 
         def txn(tr: Transaction) -> Destination:
@@ -267,7 +241,9 @@ class Catalog:
             if current is None:
                 raise NotFound(f"{dest_type} {name!r} does not exist in {namespace!r}")
             created_at_ms = current.created_at_ms
-            changed = change(current)
+            changed = change(dataclasses.replace(current))
+            if changed == current:
+                return current
             if (changed.type, changed.namespace, changed.name) != (dest_type, namespace, name):
                 raise InvalidName(f"an update cannot rename or retype {dest_type} {name!r}")
             validate_destination(changed)

@@ -11,6 +11,7 @@ are raised here as ``ChannelError`` / ``ConnectionError_``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 from typing import Any
@@ -293,17 +294,16 @@ class Topology:
             elif topic_filter != amqp_queue_filter(target.name):
                 self.shared.memqueues.unbind(target, topic_filter)
             return
-        catalog = self.shared.catalog
-        dest = await catalog.get_destination(ns, name, QUEUE)
-        filters = list(dest.topic_filters)
-        if bind and topic_filter not in filters:
-            filters.append(topic_filter)
-        elif not bind and topic_filter in filters and topic_filter != amqp_queue_filter(name):
-            filters.remove(topic_filter)
-        else:
-            return
-        dest.topic_filters = filters
-        await catalog.update_destination(dest)
+
+        def rebind(dest: Destination) -> Destination:
+            filters = list(dest.topic_filters)
+            if bind and topic_filter not in filters:
+                filters.append(topic_filter)
+            elif not bind and topic_filter in filters and topic_filter != amqp_queue_filter(name):
+                filters.remove(topic_filter)
+            return dataclasses.replace(dest, topic_filters=filters)
+
+        await self.shared.catalog.update_destination(ns, name, QUEUE, rebind)
         await self.shared.services.metadata_changed()
 
     async def purge(self, name: str) -> int:

@@ -21,6 +21,7 @@ from flowmq_broker.kafka.context import Handler
 from flowmq_broker.kafka.coordinator import GroupCoordinator
 from flowmq_broker.kafka.idempotence import ProducerStates
 from flowmq_broker.kafka.topics import TopicManager
+from flowmq_broker.listeners import listen
 from flowmq_broker.services import BrokerServices
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_meta.group_offsets import GroupOffsetStore
@@ -84,11 +85,7 @@ class KafkaServer:
     # -- life cycle --------------------------------------------------------------------------
 
     async def start(self, port: int) -> int:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: KafkaConnection(self), "0.0.0.0", port, reuse_address=True, backlog=1024
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
+        self._server, self.port = await listen(lambda: KafkaConnection(self), port)
         self.cluster.start(self.port)
         return self.port
 

@@ -15,14 +15,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from flowmq_broker.mqtt.session import Session
 from flowmq_broker.queues import SESSION_QUEUE_OPTIONS, session_queue_name
 from flowmq_core.message import Message
 from flowmq_queue import QueueEngine
-
-if TYPE_CHECKING:
-    from flowmq_broker.mqtt.session import Session
 
 log = logging.getLogger(__name__)
 

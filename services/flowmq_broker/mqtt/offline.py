@@ -24,7 +24,7 @@ from flowmq_queue import QueueEngine
 
 log = logging.getLogger(__name__)
 
-# Subscription identifiers travel as text: queue message properties hold scalars only.
+# The subscription identifiers a stored message goes out with (a list of ints).
 SUBSCRIPTION_IDS = "mqtt.subscription_ids"
 TAKE_TIMEOUT_S = 5.0
 CHECK_EMPTY_S = 0.05
@@ -42,7 +42,7 @@ class OfflineStore:
         """Enqueue ``message`` as it is to be delivered; done once durable."""
         properties = dict(message.properties)
         if identifiers:
-            properties[SUBSCRIPTION_IDS] = ",".join(map(str, identifiers))
+            properties[SUBSCRIPTION_IDS] = identifiers
         stored = dataclasses.replace(message, qos=qos, retain=retain, properties=properties)
         future = self.engine.enqueue(
             session.namespace,
@@ -109,8 +109,7 @@ class OfflineStore:
 
 
 def _queued_item(message: Message) -> QueuedItem:
-    ids = message.properties.pop(SUBSCRIPTION_IDS, "")
-    identifiers = [int(i) for i in ids.split(",")] if ids else []
+    identifiers = message.properties.pop(SUBSCRIPTION_IDS, None) or []
     return message, message.qos, message.retain, {"subscription_identifier": identifiers}
 
 

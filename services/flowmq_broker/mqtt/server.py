@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 import flowmq_metrics as metrics
-from flowmq_broker.cluster import ClusterRouting, decode_message, encode_message
+from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.mqtt.connection import MqttConnection
 from flowmq_broker.mqtt.host import Authorizer
 from flowmq_broker.mqtt.metrics import mqtt_metrics
@@ -32,6 +32,7 @@ from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_broker.services import BrokerServices
 from flowmq_cluster.link import Link
 from flowmq_core.message import Message
+from flowmq_core.message_codec import decode_message, encode_message
 from flowmq_core.topics import matches
 from flowmq_meta import keys
 from flowmq_meta.api import MetaStore

@@ -15,9 +15,9 @@ import dataclasses
 import time
 from typing import Any, Protocol
 
-from flowmq_broker.cluster import decode_message, encode_message
 from flowmq_broker.mqtt.metrics import mqtt_metrics
 from flowmq_core.message import Message
+from flowmq_core.message_codec import decode_message, encode_message
 from flowmq_wire.mqtt.packets import SubscriptionOptions
 
 # Session expiry "never" (v5 0xFFFFFFFF; what 3.1.1 clean session = 0 means).

@@ -25,13 +25,12 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-import msgpack
-
 import flowmq_metrics as metrics
 from flowmq_broker.routing import Router
 from flowmq_cluster.link import Link, Links
 from flowmq_core.errors import FlowMQError
 from flowmq_core.message import Message
+from flowmq_core.message_codec import decode_message, encode_message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_core.trie import RouteTrie
 from flowmq_meta import keys
@@ -79,45 +78,6 @@ class _Request:
     def check(self) -> None:
         if not self.waiting and not self.done.done():
             self.done.set_result(None)
-
-
-def encode_message(message: Message) -> bytes:
-    return msgpack.packb(
-        [
-            message.topic,
-            message.payload,
-            message.qos,
-            message.retain,
-            message.headers,
-            message.timestamp_ms,
-            message.key,
-            message.content_type,
-            message.expiry_ms,
-            message.source_protocol,
-            message.properties,
-        ],
-        use_bin_type=True,
-        default=str,  # a property no peer can rebuild still arrives, as text
-    )
-
-
-def decode_message(data: bytes) -> Message:
-    (topic, payload, qos, retain, headers, ts, key, ctype, expiry, source, props) = msgpack.unpackb(
-        data, raw=False
-    )
-    return Message(
-        topic,
-        payload,
-        qos,
-        retain,
-        [(name, value) for name, value in headers],
-        ts,
-        key,
-        ctype,
-        expiry,
-        source,
-        props,
-    )
 
 
 @functools.cache

@@ -230,18 +230,17 @@ class MqttDecoder:
         # because the first packet was checked to be a CONNECT above.
         level = self.protocol_level
         b0 = 0
+        props: Properties = EMPTY_PROPERTIES  # a PUBLISH's; set per packet in v5 only
+        last = n - 1  # a fixed header needs two bytes
         try:
-            while True:
-                if n - pos < 2:
-                    need = 2
-                    break
+            while pos < last:
                 b0 = buf[pos]
                 rl = buf[pos + 1]
                 if rl < 0x80:
                     start = pos + 2
-                elif n - pos > 2 and 0 < buf[pos + 2] < 0x80:
+                elif n - pos > 2 and (rl2 := buf[pos + 2]) and rl2 < 0x80:
                     # Two-byte remaining length (128 B - 16 KiB): most PUBLISH packets.
-                    rl = (rl & 0x7F) | (buf[pos + 2] << 7)
+                    rl = (rl & 0x7F) | (rl2 << 7)
                     start = pos + 3
                 else:
                     rl, start = _long_remaining_length(buf, pos, n)
@@ -254,32 +253,18 @@ class MqttDecoder:
                 if end > n:
                     need = end - pos
                     break
-                # PUBLISH is decoded inline: it is most of the traffic. A read past the end of
-                # ``buf`` (a field cut short by the end of the data) raises IndexError, which
-                # is turned into MalformedPacket below; reads past ``end`` are checked.
+                # PUBLISH is decoded inline: it is most of the traffic. Its flags are checked
+                # first (no checks for the commonest packet of all: QoS 0, no retain, no dup),
+                # then one path decodes every PUBLISH's topic, properties and payload. A read
+                # past the end of ``buf`` (a field cut short by the end of the data) raises
+                # IndexError, which is turned into MalformedPacket below; reads past ``end``
+                # are checked.
                 if b0 == 0x30:
-                    # QoS 0, no retain, no dup: the commonest packet of all.
-                    p = start + 2 + ((buf[start] << 8) | buf[start + 1])
-                    if p > end:
+                    q = start + 2 + ((buf[start] << 8) | buf[start + 1])  # end of the topic
+                    if q > end:
                         raise MalformedPacket("PUBLISH topic runs past the packet")
-                    topic = buf[start + 2 : p].decode()
-                    if "\x00" in topic:
-                        raise MalformedPacket("topic contains U+0000")
-                    if level == 5:
-                        if p < end and buf[p] == 0:
-                            props: Properties = EMPTY_PROPERTIES
-                            p += 1
-                        else:
-                            props, p = decode_properties(buf, p, end, PUBLISH)
-                        if not topic and "topic_alias" not in props:
-                            raise ProtocolViolation(
-                                "PUBLISH with an empty topic and no topic alias"
-                            )
-                    else:
-                        props = EMPTY_PROPERTIES
-                        if not topic:
-                            raise ProtocolViolation("PUBLISH with an empty topic")
-                    append(Publish(topic, buf[p:end], 0, False, False, None, props))
+                    p = q
+                    qos, retain, dup, packet_id = 0, False, False, None
                 elif b0 & 0xF0 == 0x30:
                     q = start + 2 + ((buf[start] << 8) | buf[start + 1])
                     qos = (b0 >> 1) & 3
@@ -289,7 +274,7 @@ class MqttDecoder:
                         p = q + 2
                         if p > end:
                             raise MalformedPacket("PUBLISH topic or packet id runs past the packet")
-                        packet_id: int | None = (buf[q] << 8) | buf[q + 1]
+                        packet_id = (buf[q] << 8) | buf[q + 1]
                         if not packet_id:
                             raise ProtocolViolation("PUBLISH with QoS > 0 and packet identifier 0")
                     else:
@@ -299,39 +284,40 @@ class MqttDecoder:
                             raise MalformedPacket("PUBLISH topic runs past the packet")
                         packet_id = None
                         p = q
-                    topic = buf[start + 2 : q].decode()
-                    if "\x00" in topic:
-                        raise MalformedPacket("topic contains U+0000")
-                    if level == 5:
-                        if p < end and buf[p] == 0:
-                            props = EMPTY_PROPERTIES
-                            p += 1
-                        else:
-                            props, p = decode_properties(buf, p, end, PUBLISH)
-                        if not topic and "topic_alias" not in props:
-                            raise ProtocolViolation(
-                                "PUBLISH with an empty topic and no topic alias"
-                            )
-                    else:
-                        props = EMPTY_PROPERTIES
-                        if not topic:
-                            raise ProtocolViolation("PUBLISH with an empty topic")
-                    append(
-                        Publish(
-                            topic, buf[p:end], qos, (b0 & 1) != 0, (b0 & 8) != 0, packet_id, props
-                        )
-                    )
+                    retain = (b0 & 1) != 0
+                    dup = (b0 & 8) != 0
                 elif b0 == 0x40 and rl == 2:
                     # Plain PUBACK, the other half of QoS 1 traffic.
                     packet_id = (buf[start] << 8) | buf[start + 1]
                     if not packet_id:
                         raise ProtocolViolation("PUBACK with packet identifier 0")
                     append(Puback(packet_id, 0, EMPTY_PROPERTIES))
+                    pos = end
+                    continue
                 else:
                     append(self._decode_other(b0, buf, start, end))
                     if level is None:
                         level = self.protocol_level
+                    pos = end
+                    continue
+                # Every PUBLISH: topic (ends at q), properties (v5, from p) and payload.
+                topic = buf[start + 2 : q].decode()
+                if "\x00" in topic:
+                    raise MalformedPacket("topic contains U+0000")
+                if level == 5:
+                    if p < end and buf[p] == 0:
+                        props = EMPTY_PROPERTIES
+                        p += 1
+                    else:
+                        props, p = decode_properties(buf, p, end, PUBLISH)
+                    if not topic and "topic_alias" not in props:
+                        raise ProtocolViolation("PUBLISH with an empty topic and no topic alias")
+                elif not topic:
+                    raise ProtocolViolation("PUBLISH with an empty topic")
+                append(Publish(topic, buf[p:end], qos, retain, dup, packet_id, props))
                 pos = end
+            else:
+                need = 2
         except (MqttCodecError, IndexError, UnicodeDecodeError) as exc:
             if isinstance(exc, IndexError):
                 e: MqttCodecError = MalformedPacket("field runs past the end of the packet")
@@ -447,6 +433,28 @@ def _packet_id(buf: bytes, p: int, end: int, ptype: int) -> int:
     return packet_id
 
 
+def _packet_id_and_properties(
+    buf: bytes, p: int, end: int, level: int, ptype: int
+) -> tuple[int, Properties, int]:
+    """The packet identifier, then (v5) the properties, that open SUBSCRIBE, SUBACK,
+    UNSUBSCRIBE and UNSUBACK; and where what follows them starts."""
+    packet_id = _packet_id(buf, p, end, ptype)
+    p += 2
+    if level == 5:
+        props, p = decode_properties(buf, p, end, ptype)
+        return packet_id, props, p
+    return packet_id, EMPTY_PROPERTIES, p
+
+
+def _reason_codes(buf: bytes, p: int, end: int, valid: frozenset[int], ptype: int) -> list[int]:
+    """The rest of a SUBACK or UNSUBACK: one reason code a byte."""
+    codes = list(buf[p:end])
+    for code in codes:
+        if code not in valid:
+            raise ProtocolViolation(f"invalid {PACKET_NAMES[ptype]} reason code 0x{code:02X}")
+    return codes
+
+
 def _decode_connack(buf: bytes, p: int, end: int, level: int) -> Connack:
     if p + 2 > end:
         raise MalformedPacket("CONNACK too short")
@@ -492,11 +500,7 @@ def _pub_response_decoder(
 
 
 def _decode_subscribe(buf: bytes, p: int, end: int, level: int) -> Subscribe:
-    packet_id = _packet_id(buf, p, end, SUBSCRIBE)
-    p += 2
-    props = EMPTY_PROPERTIES
-    if level == 5:
-        props, p = decode_properties(buf, p, end, SUBSCRIBE)
+    packet_id, props, p = _packet_id_and_properties(buf, p, end, level, SUBSCRIBE)
     subscriptions: list[tuple[str, SubscriptionOptions]] = []
     while p < end:
         topic_filter, p = decode_string(buf, p, end)
@@ -528,27 +532,13 @@ def _decode_subscribe(buf: bytes, p: int, end: int, level: int) -> Subscribe:
 
 
 def _decode_suback(buf: bytes, p: int, end: int, level: int) -> Suback:
-    packet_id = _packet_id(buf, p, end, SUBACK)
-    p += 2
-    props = EMPTY_PROPERTIES
-    if level == 5:
-        props, p = decode_properties(buf, p, end, SUBACK)
-        valid = rc.SUBACK_REASON_CODES
-    else:
-        valid = rc.SUBACK_V311_RETURN_CODES
-    codes = list(buf[p:end])
-    for code in codes:
-        if code not in valid:
-            raise ProtocolViolation(f"invalid SUBACK reason code 0x{code:02X}")
-    return Suback(packet_id, codes, props)
+    packet_id, props, p = _packet_id_and_properties(buf, p, end, level, SUBACK)
+    valid = rc.SUBACK_REASON_CODES if level == 5 else rc.SUBACK_V311_RETURN_CODES
+    return Suback(packet_id, _reason_codes(buf, p, end, valid, SUBACK), props)
 
 
 def _decode_unsubscribe(buf: bytes, p: int, end: int, level: int) -> Unsubscribe:
-    packet_id = _packet_id(buf, p, end, UNSUBSCRIBE)
-    p += 2
-    props = EMPTY_PROPERTIES
-    if level == 5:
-        props, p = decode_properties(buf, p, end, UNSUBSCRIBE)
+    packet_id, props, p = _packet_id_and_properties(buf, p, end, level, UNSUBSCRIBE)
     filters: list[str] = []
     while p < end:
         topic_filter, p = decode_string(buf, p, end)
@@ -559,17 +549,13 @@ def _decode_unsubscribe(buf: bytes, p: int, end: int, level: int) -> Unsubscribe
 
 
 def _decode_unsuback(buf: bytes, p: int, end: int, level: int) -> Unsuback:
-    packet_id = _packet_id(buf, p, end, UNSUBACK)
-    p += 2
-    if level == 4:
+    packet_id, props, p = _packet_id_and_properties(buf, p, end, level, UNSUBACK)
+    if level == 4:  # 3.1.1: no reason codes
         _trailing(p, end, UNSUBACK)
-        return Unsuback(packet_id, [], EMPTY_PROPERTIES)
-    props, p = decode_properties(buf, p, end, UNSUBACK)
-    codes = list(buf[p:end])
-    for code in codes:
-        if code not in rc.UNSUBACK_REASON_CODES:
-            raise ProtocolViolation(f"invalid UNSUBACK reason code 0x{code:02X}")
-    return Unsuback(packet_id, codes, props)
+        return Unsuback(packet_id, [], props)
+    return Unsuback(
+        packet_id, _reason_codes(buf, p, end, rc.UNSUBACK_REASON_CODES, UNSUBACK), props
+    )
 
 
 def _decode_pingreq(buf: bytes, p: int, end: int, level: int) -> Pingreq:

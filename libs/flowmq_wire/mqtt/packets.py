@@ -275,21 +275,25 @@ class Subscribe(Packet):
         self.properties = properties
 
 
-class Suback(Packet):
-    """SUBACK: one reason code (granted QoS or failure) per subscription, in order."""
-
+class _SubscriptionAck(Packet):
     __slots__ = ("packet_id", "reason_codes", "properties")
-    TYPE = SUBACK
 
     def __init__(
         self,
         packet_id: int,
-        reason_codes: list[int],
+        reason_codes: list[int] | None = None,
         properties: Properties = EMPTY_PROPERTIES,
     ) -> None:
         self.packet_id = packet_id
-        self.reason_codes = reason_codes
+        self.reason_codes = [] if reason_codes is None else reason_codes
         self.properties = properties
+
+
+class Suback(_SubscriptionAck):
+    """SUBACK: one reason code (granted QoS or failure) per subscription, in order."""
+
+    __slots__ = ()
+    TYPE = SUBACK
 
 
 class Unsubscribe(Packet):
@@ -309,21 +313,11 @@ class Unsubscribe(Packet):
         self.properties = properties
 
 
-class Unsuback(Packet):
+class Unsuback(_SubscriptionAck):
     """UNSUBACK: ``reason_codes`` exist only in v5 (empty list at level 4)."""
 
-    __slots__ = ("packet_id", "reason_codes", "properties")
+    __slots__ = ()
     TYPE = UNSUBACK
-
-    def __init__(
-        self,
-        packet_id: int,
-        reason_codes: list[int] | None = None,
-        properties: Properties = EMPTY_PROPERTIES,
-    ) -> None:
-        self.packet_id = packet_id
-        self.reason_codes = [] if reason_codes is None else reason_codes
-        self.properties = properties
 
 
 class Pingreq(Packet):

@@ -14,14 +14,17 @@ import secrets
 from collections import deque
 from typing import Any
 
-from flowmq_broker.mqtt.server import (
-    MqttServer,
+from flowmq_broker.mqtt.host import ConnectionHost
+from flowmq_broker.mqtt.metrics import mqtt_metrics
+from flowmq_broker.mqtt.session import (
+    NEVER_EXPIRES,
+    Outgoing,
+    Session,
+    Subscription,
     delivery_extra,
-    mqtt_metrics,
     now_ms,
     session_enqueue,
 )
-from flowmq_broker.mqtt.session import NEVER_EXPIRES, Outgoing, Session, Subscription
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.errors import InvalidFilter
 from flowmq_core.message import Message
@@ -60,7 +63,7 @@ _PASSTHROUGH = ("payload_format_indicator", "response_topic", "correlation_data"
 
 
 class MqttConnection(asyncio.Protocol):
-    def __init__(self, server: MqttServer) -> None:
+    def __init__(self, server: ConnectionHost) -> None:
         self.server = server
         self.namespace = DEFAULT_NAMESPACE
         self.decoder = MqttDecoder(server=True, max_packet_size=server.max_packet_size)
@@ -155,7 +158,7 @@ class MqttConnection(asyncio.Protocol):
             self.transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
         self._out.clear()
         self._out_bytes = 0
-        if self.server._holding and not self._writing_paused:  # drained as it was written
+        if self.server.holding and not self._writing_paused:  # drained as it was written
             self.server.release_links(self)
 
     def pause_writing(self) -> None:
@@ -163,7 +166,7 @@ class MqttConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writing_paused = False
-        if self.server._holding:
+        if self.server.holding:
             self.server.release_links(self)
 
     def backlog(self) -> int:

@@ -15,18 +15,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from flowmq_broker.mqtt.session import Session
 from flowmq_broker.queues import SESSION_QUEUE_OPTIONS, session_queue_name
 from flowmq_core.message import Message
 from flowmq_queue import QueueEngine
 
-if TYPE_CHECKING:
-    from flowmq_broker.mqtt.session import Session
-
 log = logging.getLogger(__name__)
 
-# Subscription identifiers travel as text: queue message properties hold scalars only.
+# The subscription identifiers a stored message goes out with (a list of ints).
 SUBSCRIPTION_IDS = "mqtt.subscription_ids"
 TAKE_TIMEOUT_S = 5.0
 CHECK_EMPTY_S = 0.05
@@ -44,7 +42,7 @@ class OfflineStore:
         """Enqueue ``message`` as it is to be delivered; done once durable."""
         properties = dict(message.properties)
         if identifiers:
-            properties[SUBSCRIPTION_IDS] = ",".join(map(str, identifiers))
+            properties[SUBSCRIPTION_IDS] = identifiers
         stored = dataclasses.replace(message, qos=qos, retain=retain, properties=properties)
         future = self.engine.enqueue(
             session.namespace,
@@ -111,8 +109,7 @@ class OfflineStore:
 
 
 def _queued_item(message: Message) -> QueuedItem:
-    ids = message.properties.pop(SUBSCRIPTION_IDS, "")
-    identifiers = [int(i) for i in ids.split(",")] if ids else []
+    identifiers = message.properties.pop(SUBSCRIPTION_IDS, None) or []
     return message, message.qos, message.retain, {"subscription_identifier": identifiers}
 
 

@@ -1,65 +1,74 @@
 """Retained messages: kept in the meta store (the source of truth), cached in memory.
 
-Small payloads live in the meta-store value; larger ones (the value limit is 100 kB) are put
-in the object store and the value points at them.
+A retained message is stored as the one serialised message form
+(``flowmq_core.message_codec``) behind a one-byte kind: small payloads live in the
+meta-store value itself (``INLINE``); larger ones (the value limit is 100 kB) are put in the
+object store under a content address, and the value holds the message without its payload
+and the object's key (``IN_OBJECT``)::
+
+    INLINE | message
+    IN_OBJECT | key length u16 | key (UTF-8) | message with an empty payload
+
+Values written before this form (JSON) are not read: they are skipped, with a warning, at load.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import hashlib
-import json
+import logging
+import struct
 import time
 from collections.abc import Callable
-from typing import Any
 
 from flowmq_core.message import Message
+from flowmq_core.message_codec import CorruptMessage, decode_message, encode_message
 from flowmq_core.topics import matches
 from flowmq_meta import keys
 from flowmq_meta.api import MetaStore
 from flowmq_objstore.api import ObjectStore
 
+log = logging.getLogger(__name__)
+
 INLINE_LIMIT = 64 * 1024
 LONG_TOPIC = 1024  # characters; at most 4 kB of UTF-8
+INLINE, IN_OBJECT = 0, 1
+_U16 = struct.Struct(">H")
 
 
-def message_to_record(message: Message) -> dict[str, Any]:
-    props = {
-        key: base64.b64encode(value).decode() if isinstance(value, bytes) else value
-        for key, value in message.properties.items()
-        if key != "origin"
-    }
-    return {
-        "topic": message.topic,
-        "qos": message.qos,
-        "headers": [[k, base64.b64encode(v).decode()] for k, v in message.headers],
-        "content_type": message.content_type,
-        "expiry_ms": message.expiry_ms,
-        "timestamp_ms": message.timestamp_ms,
-        "properties": props,
-        "binary_properties": [k for k, v in message.properties.items() if isinstance(v, bytes)],
-    }
+def encode_retained(message: Message, object_key: str | None = None) -> bytes:
+    """The stored value of retained ``message``: inline, or pointing at ``object_key`` (where
+    the payload is) — without the publisher's ``origin``, which means nothing once stored."""
+    properties = message.properties
+    if "origin" in properties:
+        properties = {k: v for k, v in properties.items() if k != "origin"}
+    if object_key is None:
+        return bytes((INLINE,)) + encode_message(
+            dataclasses.replace(message, retain=True, properties=properties)
+        )
+    key = object_key.encode()
+    stored = dataclasses.replace(message, payload=b"", retain=True, properties=properties)
+    return bytes((IN_OBJECT,)) + _U16.pack(len(key)) + key + encode_message(stored)
 
 
-def record_to_message(record: dict[str, Any], payload: bytes) -> Message:
-    binary = set(record.get("binary_properties", ()))
-    props = {
-        key: base64.b64decode(value) if key in binary else value
-        for key, value in record.get("properties", {}).items()
-    }
-    return Message(
-        topic=record["topic"],
-        payload=payload,
-        qos=record["qos"],
-        retain=True,
-        headers=[(k, base64.b64decode(v)) for k, v in record.get("headers", [])],
-        content_type=record.get("content_type"),
-        expiry_ms=record.get("expiry_ms"),
-        timestamp_ms=record.get("timestamp_ms") or int(time.time() * 1000),
-        properties=props,
-        source_protocol="mqtt",
-    )
+def decode_retained(value: bytes) -> tuple[Message, str | None]:
+    """The message a stored value holds and the key of the object holding its payload (None:
+    inline, the message is whole).  Raises ``CorruptMessage`` for anything else."""
+    if not value:
+        raise CorruptMessage("empty retained value")
+    if value[0] == INLINE:
+        return decode_message(memoryview(value)[1:]), None
+    if value[0] == IN_OBJECT and len(value) >= 3:
+        end = 3 + _U16.unpack_from(value, 1)[0]
+        return decode_message(memoryview(value)[end:]), value[3:end].decode()
+    raise CorruptMessage(f"unknown retained value kind {value[0]}")
+
+
+def _object_of(value: bytes) -> str | None:
+    """The object a stored value points at, if any (its message is not decoded)."""
+    if len(value) >= 3 and value[0] == IN_OBJECT:
+        return value[3 : 3 + _U16.unpack_from(value, 1)[0]].decode()
+    return None
 
 
 class RetainedStore:
@@ -75,13 +84,14 @@ class RetainedStore:
         rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
         for key, raw in rows:
             namespace, _ = keys.RETAINED.unpack(key)
-            record = json.loads(raw)
-            topic = record["topic"]
-            if "object" in record:
-                payload = await self.objects.get(record["object"])
-            else:
-                payload = base64.b64decode(record["payload"])
-            self._cache[(namespace, topic)] = record_to_message(record, payload)
+            try:
+                message, object_key = decode_retained(raw)
+            except CorruptMessage as exc:
+                log.warning("retained message %r not loaded: %s", key, exc)
+                continue
+            if object_key is not None:
+                message.payload = await self.objects.get(object_key)
+            self._cache[(namespace, message.topic)] = message
 
     async def set(self, namespace: str, message: Message) -> None:
         """Retain ``message`` (an empty payload clears the topic, as MQTT says)."""
@@ -92,17 +102,14 @@ class RetainedStore:
             self._cache.pop((namespace, message.topic), None)
             await self._clear(key)
             return
-        record = message_to_record(message)
+        object_key = None
         if len(message.payload) > INLINE_LIMIT:
-            digest = hashlib.sha256(message.payload).hexdigest()
-            record["object"] = f"retained/{digest}"
-            await self.objects.put(record["object"], message.payload)
-        else:
-            record["payload"] = base64.b64encode(message.payload).decode()
-        value = json.dumps(record).encode()
+            object_key = f"retained/{hashlib.sha256(message.payload).hexdigest()}"
+            await self.objects.put(object_key, message.payload)
+        value = encode_retained(message, object_key)
         self._cache[(namespace, message.topic)] = dataclasses.replace(message, retain=True)
         old = await self.meta.transact(lambda tr: _swap(tr, key, value))
-        await self._delete_unreferenced(old, record.get("object"))
+        await self._delete_unreferenced(old, object_key)
 
     def remember(self, namespace: str, message: Message) -> None:
         """Cache a change another node made (and stored)."""
@@ -120,7 +127,7 @@ class RetainedStore:
         # only space, a deleted one that is still referenced loses a message — so check.
         if old is None:
             return
-        previous = json.loads(old).get("object")
+        previous = _object_of(old)
         if previous and previous != kept and not self._object_in_use(previous):
             await self.objects.delete(previous)
 

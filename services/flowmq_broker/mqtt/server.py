@@ -8,22 +8,31 @@ delivering each message to one member).
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import json
 import logging
-import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import flowmq_metrics as metrics
-from flowmq_broker.cluster import ClusterRouting, decode_message, encode_message
+from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.mqtt.connection import MqttConnection
+from flowmq_broker.mqtt.host import Authorizer
+from flowmq_broker.mqtt.metrics import mqtt_metrics
 from flowmq_broker.mqtt.offline import OfflineStore
 from flowmq_broker.mqtt.retained import RetainedStore
-from flowmq_broker.mqtt.session import MAX_QUEUED, NEVER_EXPIRES, Session, Subscription
+from flowmq_broker.mqtt.session import (
+    NEVER_EXPIRES,
+    Session,
+    SessionConnection,
+    Subscription,
+    session_enqueue,
+)
 from flowmq_broker.nodes import read_node_table
 from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_broker.services import BrokerServices
+from flowmq_cluster.link import Link
 from flowmq_core.message import Message
+from flowmq_core.message_codec import decode_message, encode_message
 from flowmq_core.topics import matches
 from flowmq_meta import keys
 from flowmq_meta.api import MetaStore
@@ -31,6 +40,8 @@ from flowmq_meta.users import UserDirectory
 from flowmq_objstore.api import ObjectStore
 
 log = logging.getLogger(__name__)
+
+__all__ = ["Authorizer", "MqttServer"]
 
 SUBSCRIPTION = "subscription"
 SHARED = "shared"
@@ -40,36 +51,6 @@ PAUSE_ABOVE = 1000
 RESUME_BELOW = 500
 # How long a reconnecting client waits for other nodes to hand over its session.
 TAKEOVER_TIMEOUT_S = 1.0
-
-
-class MqttMetrics(NamedTuple):
-    """One namespace's labelled metric children, looked up once instead of per message."""
-
-    connections: Any
-    messages_in: Any
-    bytes_in: Any
-    messages_out: Any
-    bytes_out: Any
-    dropped: Any
-
-
-@functools.cache
-def mqtt_metrics(namespace: str) -> MqttMetrics:
-    return MqttMetrics(
-        metrics.mqtt_connections.labels(namespace),
-        metrics.mqtt_messages_in_count.labels(namespace),
-        metrics.mqtt_messages_in_bytes_count.labels(namespace),
-        metrics.mqtt_messages_out_count.labels(namespace),
-        metrics.mqtt_messages_out_bytes_count.labels(namespace),
-        metrics.mqtt_messages_dropped_count.labels(namespace),
-    )
-
-
-class Authorizer:
-    """The authorisation hook: override ``allow`` to deny publishes or subscriptions."""
-
-    def allow(self, client_id: str, username: str | None, action: str, topic: str) -> bool:
-        return True
 
 
 class MqttServer:
@@ -103,17 +84,17 @@ class MqttServer:
         self.shared_groups: dict[tuple[str, str], list[str]] = {}
         self._shared_turn = itertools.count()
         self.authorizer = Authorizer()
-        self.connections: set[Any] = set()
+        self.connections: set[SessionConnection] = set()
         self._server: asyncio.base_events.Server | None = None
-        self.dirty: list[Any] = []
+        self.dirty: list[SessionConnection] = []
         self._flush_scheduled = False
-        self.current_publisher: Any = None
+        self.current_publisher: SessionConnection | None = None
         self.congested: set[Session] = set()
-        self.paused: set[Any] = set()
+        self.paused: set[SessionConnection] = set()
         # Cross-node flow control: publishers paused while a link to a peer is blocked, and
         # inbound links paused while a subscriber they feed cannot take more.
-        self.link_paused: set[Any] = set()
-        self._holding: dict[Any, set[Any]] = {}
+        self.link_paused: set[SessionConnection] = set()
+        self.holding: dict[Link, set[SessionConnection]] = {}
         self._encode_cache_key: Any = None
         self._encode_cache: dict[Any, bytes] = {}
         router.register_type(_SubscriptionType(self))
@@ -137,8 +118,6 @@ class MqttServer:
 
     # --- life cycle ---------------------------------------------------------------------
     async def start(self, port: int) -> int:
-        from flowmq_broker.mqtt.connection import MqttConnection
-
         await self.retained.load()
         await self.restore_sessions()
         cluster = self.cluster
@@ -375,7 +354,7 @@ class MqttServer:
             log.exception("could not remove session %s from the meta store", session.client_id)
 
     # --- output and flow control -----------------------------------------------------------
-    def mark_dirty(self, connection: Any) -> None:
+    def mark_dirty(self, connection: SessionConnection) -> None:
         self.dirty.append(connection)
         if not self._flush_scheduled:  # writes made outside a read (timers, HTTP publish)
             self._flush_scheduled = True
@@ -408,7 +387,7 @@ class MqttServer:
                 if publisher.transport is not None and publisher not in self.link_paused:
                     publisher.transport.resume_reading()
 
-    def is_paused(self, publisher: Any) -> bool:
+    def is_paused(self, publisher: SessionConnection) -> bool:
         return publisher in self.paused or publisher in self.link_paused
 
     def _links_blocked(self) -> None:
@@ -425,27 +404,27 @@ class MqttServer:
             if publisher.transport is not None and publisher not in self.paused:
                 publisher.transport.resume_reading()
 
-    def forwarding_link(self) -> Any:
+    def forwarding_link(self) -> Link | None:
         """The inter-broker link the message being delivered came in on, if any."""
         cluster = self.cluster
         return cluster.receiving if cluster is not None else None
 
-    def hold_link(self, link: Any, subscriber: Any) -> None:
+    def hold_link(self, link: Link, subscriber: SessionConnection) -> None:
         """``subscriber`` cannot take what ``link`` brings as fast: stop reading the link
         until it drains (the sending broker then slows its publishers down)."""
-        holders = self._holding.get(link)
+        holders = self.holding.get(link)
         if holders is None:
-            holders = self._holding[link] = set()
+            holders = self.holding[link] = set()
             if link.transport is not None:
                 link.transport.pause_reading()
         holders.add(subscriber)
 
-    def release_links(self, subscriber: Any) -> None:
+    def release_links(self, subscriber: SessionConnection) -> None:
         """``subscriber`` drained (or went): resume the links only it was holding."""
-        for link, holders in list(self._holding.items()):
+        for link, holders in list(self.holding.items()):
             holders.discard(subscriber)
             if not holders:
-                del self._holding[link]
+                del self.holding[link]
                 if link.transport is not None:
                     link.transport.resume_reading()
 
@@ -508,27 +487,6 @@ class MqttServer:
         return self._encode_cache
 
 
-def delivery_extra(identifiers: list[int], shared: str | None) -> dict[str, Any]:
-    """What a queued or in-flight message carries besides itself."""
-    if shared is None:
-        return {"subscription_identifier": identifiers}
-    return {"subscription_identifier": identifiers, "shared": shared}
-
-
-def session_enqueue(
-    session: Session,
-    message: Message,
-    qos: int,
-    retain: bool,
-    identifiers: list[int],
-    shared: str | None = None,
-) -> None:
-    if len(session.queue) >= MAX_QUEUED:
-        session.queue.popleft()
-        mqtt_metrics(session.namespace).dropped.inc()
-    session.queue.append((message, qos, retain, delivery_extra(identifiers, shared)))
-
-
 _NO_IDS: list[int] = []
 
 
@@ -581,7 +539,3 @@ class _SharedType(DestinationType):
         if sub is not None:
             return server.deliver(chosen, message, [sub], binding.name)
         return None
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

@@ -9,16 +9,16 @@ queues become durable Queues when Queue storage exists).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
-from typing import TYPE_CHECKING, Any
+import time
+from typing import Any, Protocol
 
-from flowmq_broker.cluster import decode_message, encode_message
+from flowmq_broker.mqtt.metrics import mqtt_metrics
 from flowmq_core.message import Message
+from flowmq_core.message_codec import decode_message, encode_message
 from flowmq_wire.mqtt.packets import SubscriptionOptions
-
-if TYPE_CHECKING:
-    from flowmq_broker.mqtt.connection import MqttConnection
 
 # Session expiry "never" (v5 0xFFFFFFFF; what 3.1.1 clean session = 0 means).
 NEVER_EXPIRES = 0xFFFFFFFF
@@ -54,13 +54,39 @@ class Outgoing:
     released: bool = False
 
 
+class SessionConnection(Protocol):
+    """What the broker-wide MQTT state does with a client's connection (an ``MqttConnection``,
+    which this module must not import: it sits above the session)."""
+
+    transport: asyncio.Transport | None
+
+    def send_message(
+        self,
+        message: Message,
+        qos: int,
+        retain: bool,
+        identifiers: list[int],
+        shared: str | None = None,
+    ) -> None:
+        """Send ``message`` now, or queue it in the session if the client's window is full."""
+
+    def take_over(self) -> None:
+        """Another connection with the same client id arrived: hand the session over."""
+
+    def flush(self) -> None:
+        """Write out what was sent since the last flush."""
+
+    def shutdown(self) -> None:
+        """The broker is stopping: disconnect."""
+
+
 class Session:
     def __init__(self, client_id: str, namespace: str) -> None:
         self.client_id = client_id
         self.namespace = namespace
         self.subscriptions: dict[str, Subscription] = {}
         self.expiry_interval = 0
-        self.connection: MqttConnection | None = None
+        self.connection: SessionConnection | None = None
         self.inflight: dict[int, Outgoing] = {}
         self.queue: collections.deque[tuple[Message, int, bool, dict[str, Any]]] = (
             collections.deque()
@@ -164,3 +190,29 @@ class Session:
                 for sub in self.subscriptions.values()
             ],
         }
+
+
+def delivery_extra(identifiers: list[int], shared: str | None) -> dict[str, Any]:
+    """What a queued or in-flight message carries besides itself."""
+    if shared is None:
+        return {"subscription_identifier": identifiers}
+    return {"subscription_identifier": identifiers, "shared": shared}
+
+
+def session_enqueue(
+    session: Session,
+    message: Message,
+    qos: int,
+    retain: bool,
+    identifiers: list[int],
+    shared: str | None = None,
+) -> None:
+    if len(session.queue) >= MAX_QUEUED:
+        session.queue.popleft()
+        mqtt_metrics(session.namespace).dropped.inc()
+    session.queue.append((message, qos, retain, delivery_extra(identifiers, shared)))
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds, the unit of ``Message.expiry_ms``."""
+    return int(time.time() * 1000)

@@ -3,8 +3,13 @@ retain as published, survival across a broker restart."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from flowmq_broker.mqtt.retained import decode_retained, encode_retained
+from flowmq_core.message import Message
+from flowmq_core.message_codec import CorruptMessage
 from flowmq_wire.mqtt.packets import Puback, Publish, SubscriptionOptions
 from tests.fixtures.broker_process import start_broker
 
@@ -218,3 +223,19 @@ def test_retained_message_on_a_very_long_topic_survives_restart(fresh_broker, tm
         subscriber.close()
     finally:
         restarted.stop()
+
+
+def test_stored_form_inline_and_in_an_object() -> None:
+    message = Message("t/1", b"data", 1, False, properties={"origin": "c1", "response_topic": "r"})
+    kept = Message("t/1", b"data", 1, True, timestamp_ms=message.timestamp_ms)
+    kept.properties = {"response_topic": "r"}  # the publisher's origin is not stored
+    assert decode_retained(encode_retained(message)) == (kept, None)
+    stored, object_key = decode_retained(encode_retained(message, "retained/abc"))
+    assert object_key == "retained/abc" and stored.payload == b""
+    stored.payload = b"data"
+    assert stored == kept
+
+
+def test_a_value_in_the_old_json_form_is_reported() -> None:
+    with pytest.raises(CorruptMessage):
+        decode_retained(json.dumps({"topic": "t", "qos": 0, "payload": "eA=="}).encode())

@@ -1,0 +1,93 @@
+"""What one MQTT connection needs from the broker-wide MQTT state, as a typed interface.
+
+The adapter's modules depend one way: the wire codec (``flowmq_wire.mqtt``), then the state
+(``metrics``, ``session``, ``offline``, ``retained``), then this interface, then the connection
+(``connection``), then the server (``server``), which owns the state, implements
+:class:`ConnectionHost` and is the only module that creates connections.  A lower module never
+imports a higher one: a connection reaches the server only through this interface.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.mqtt.offline import OfflineStore
+from flowmq_broker.mqtt.retained import RetainedStore
+from flowmq_broker.mqtt.session import Session, SessionConnection, Subscription
+from flowmq_broker.routing import Router
+from flowmq_cluster.link import Link
+from flowmq_core.message import Message
+from flowmq_meta.users import UserDirectory
+
+
+class Authorizer:
+    """The authorisation hook: override ``allow`` to deny publishes or subscriptions."""
+
+    def allow(self, client_id: str, username: str | None, action: str, topic: str) -> bool:
+        return True
+
+
+class ConnectionHost(Protocol):
+    """The server side of a connection (``MqttServer``): settings, shared collaborators, the
+    session registry, and the output batching and flow control shared by all connections."""
+
+    # --- settings and collaborators
+    max_packet_size: int
+    max_keep_alive: int
+    allow_anonymous: bool
+    users: UserDirectory
+    authorizer: Authorizer
+    router: Router
+    retained: RetainedStore
+    offline: OfflineStore | None  # durable store of offline persistent sessions, if any
+    cluster: ClusterRouting | None  # None: a broker alone
+
+    # --- sessions
+    sessions: dict[tuple[str, str], Session]
+
+    def bind(self, session: Session, sub: Subscription) -> None: ...
+
+    def unbind(self, session: Session, sub: Subscription) -> None: ...
+
+    def update_subscription_gauge(self) -> None: ...
+
+    def discard_session(
+        self, session: Session, *, forget: bool = True, redistribute: bool = True
+    ) -> None: ...
+
+    async def fetch_session(self, namespace: str, client_id: str) -> Session | None: ...
+
+    def kick(self, namespace: str, client_id: str, *, clean: bool) -> None: ...
+
+    async def save_session(self, session: Session) -> None: ...
+
+    def expire(self, session: Session) -> None: ...
+
+    # --- output and flow control
+    connections: set[SessionConnection]
+    current_publisher: SessionConnection | None  # the connection being read
+    paused: set[SessionConnection]
+    link_paused: set[SessionConnection]
+    holding: dict[Link, set[SessionConnection]]  # links paused for the subscribers named
+
+    def mark_dirty(self, connection: SessionConnection) -> None: ...
+
+    def flush_dirty(self) -> None: ...
+
+    def check_congestion(self, session: Session) -> None: ...
+
+    def relieve(self, session: Session) -> None: ...
+
+    def is_paused(self, publisher: SessionConnection) -> bool: ...
+
+    def forwarding_link(self) -> Link | None: ...
+
+    def hold_link(self, link: Link, subscriber: SessionConnection) -> None: ...
+
+    def release_links(self, subscriber: SessionConnection) -> None: ...
+
+    def encodings(self, message: Message) -> dict[Any, Any]: ...
+
+
+__all__ = ["Authorizer", "ConnectionHost"]

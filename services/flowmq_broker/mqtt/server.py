@@ -15,6 +15,7 @@ from typing import Any
 
 import flowmq_metrics as metrics
 from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.listeners import listen
 from flowmq_broker.mqtt.connection import MqttConnection
 from flowmq_broker.mqtt.host import Authorizer
 from flowmq_broker.mqtt.metrics import mqtt_metrics
@@ -128,11 +129,8 @@ class MqttServer:
             cluster.on_node_dead.append(self.restore_sessions)
             cluster.on_links_blocked = self._links_blocked
             cluster.on_links_free = self._links_free
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: MqttConnection(self), "0.0.0.0", port, reuse_address=True, backlog=1024
-        )
-        return self._server.sockets[0].getsockname()[1]
+        self._server, bound = await listen(lambda: MqttConnection(self), port)
+        return bound
 
     async def stop(self) -> None:
         if self._server is not None:

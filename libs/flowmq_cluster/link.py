@@ -7,6 +7,15 @@ forwarding a burst of messages to a peer makes one system call, not one per mess
 Either end of a connection may send on it.  A broker sends its own traffic on the connection
 it opened to the peer (``Links.send``) and answers requests on the connection they came in on
 (``Link.send``), so a reply never waits for a connection to be opened.
+
+Authentication (DESIGN.md §12; wire format in ``flowmq_cluster.auth``): with a cluster secret
+each connection starts with a challenge-response in both directions.  Invariants: a frame is
+handed to the frame handler only once the peer proved it knows the secret; a frame of ours is
+written only once the peer proved it (until then ``Link.send`` holds it); ``Links`` gives out
+only links whose handshake completed; a connection that fails the handshake, sends anything
+else first, or does not finish it within ``HANDSHAKE_TIMEOUT_S`` is closed and counted.  After
+the handshake a frame costs what it cost before: the connection is what was authenticated.
+Without a secret (loopback only) each side just says hello with its node id.
 """
 
 from __future__ import annotations
@@ -19,6 +28,16 @@ from typing import Any
 
 import msgpack
 
+from flowmq_cluster.auth import (
+    ACCEPTOR,
+    INITIATOR,
+    AuthFailure,
+    ClusterSecret,
+    FailureLog,
+    LinkHandshake,
+    check_bind,
+)
+
 log = logging.getLogger(__name__)
 
 Addr = tuple[str, int]
@@ -30,16 +49,34 @@ MAX_BUFFER_BYTES = 64 * 1024 * 1024
 # Past this much unsent data the link says it is blocked (senders should slow down).
 WRITE_HIGH_WATER = 1024 * 1024
 _HELLO = "hello"
+# A connection must complete the handshake this fast, in at most this many bytes.
+HANDSHAKE_TIMEOUT_S = 5.0
+MAX_HANDSHAKE_BYTES = 4096
+# After a failed handshake, an outbound link waits this long before it tries again.
+RETRY_AFTER_FAILURE_S = 1.0
 
 FrameHandler = Callable[["Link", Any], None]
 
 
 class Link(asyncio.Protocol):
-    """One framed connection; ``peer`` is the node id the other end said hello with."""
+    """One framed connection; ``peer`` is the node id the other end said hello with.
 
-    def __init__(self, node_id: str, on_frame: FrameHandler, on_lost: Callable[[Link], None]):
+    ``ready`` resolves once frames may flow (True) or the connection failed before (False).
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        on_frame: FrameHandler,
+        on_lost: Callable[[Link], None],
+        *,
+        role: str = ACCEPTOR,
+        secret: ClusterSecret | None = None,
+        failures: FailureLog | None = None,
+    ):
         self.node_id = node_id
         self.peer = ""
+        self.address = "?"  # the peer's IP address, for the failure log
         self.on_frame = on_frame
         self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
@@ -49,12 +86,33 @@ class Link(asyncio.Protocol):
         self._flush_scheduled = False
         self.blocked = False  # the peer is not taking our data as fast as we send it
         self.on_blocked: Callable[[Link, bool], None] | None = None
+        # Handshake state: None once the peer is verified (or without a secret, see below).
+        self.role = role
+        self._handshake = LinkHandshake(secret, node_id, role) if secret is not None else None
+        self._failures = failures if failures is not None else FailureLog("link")
+        self._verified = False  # the peer's frames go to on_frame
+        self._may_send = False  # our frames are written
+        self._failed = False  # counted as an authentication failure (once per connection)
+        self._closing = False  # we closed it ourselves
+        self._received = 0  # bytes received before the peer was verified
+        self._timer: asyncio.TimerHandle | None = None
+        self.ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
     # --- asyncio.Protocol -------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
-        self.send([_HELLO, self.node_id])
+        peername = transport.get_extra_info("peername")
+        if peername:
+            self.address = str(peername[0])
+        self._timer = asyncio.get_running_loop().call_later(
+            HANDSHAKE_TIMEOUT_S, self._fail, "a link that did not complete the handshake in time"
+        )
+        if self._handshake is not None:
+            self._write_now(self._handshake.hello())
+        else:  # open plane: say who we are and send at once, as the peer does
+            self._write_now([_HELLO, self.node_id])
+            self._allow_sending()
 
     def pause_writing(self) -> None:
         self.blocked = True
@@ -69,37 +127,107 @@ class Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._unpacker.feed(data)
         try:
+            if not self._verified:
+                self._received += len(data)
+                if not self._authenticate():
+                    return
             for frame in self._unpacker:
-                if isinstance(frame, list) and frame and frame[0] == _HELLO:
-                    self.peer = str(frame[1])
-                    continue
                 self.on_frame(self, frame)
+        except AuthFailure as exc:
+            self._fail(str(exc))
         except (ValueError, msgpack.UnpackException) as exc:
+            if not self._verified:
+                self._fail("a link with malformed handshake data")
+                return
             log.warning("bad frame from %s: %s; closing the link", self.peer or "?", exc)
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not (self._verified or self._failed or self._closing) and (
+            self._received or (self._handshake is not None and self.role == INITIATOR)
+        ):  # the peer hung up on our handshake (it has another secret, or none)
+            self._failed = True
+            self._failures(self.address, "a link closed by the peer during the handshake")
         self.transport = None
+        self._may_send = False
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self.ready.done():
+            self.ready.set_result(False)
         self.on_lost(self)
+
+    # --- handshake ----------------------------------------------------------------------------
+    def _authenticate(self) -> bool:
+        """Consume handshake frames; True once the peer is verified (the frames after it are
+        then still in the unpacker).  Raises AuthFailure on anything else."""
+        for frame in self._unpacker:
+            shake = self._handshake
+            if shake is None:  # open plane: the first frame must name the peer
+                if isinstance(frame, list) and len(frame) == 3 and frame[0] == _HELLO:
+                    raise AuthFailure("a peer that uses a cluster secret (this node has none)")
+                if not (isinstance(frame, list) and len(frame) == 2 and frame[0] == _HELLO):
+                    raise AuthFailure("a frame before the hello")
+                self.peer = str(frame[1])
+            elif shake.peer_nonce is None:
+                shake.on_hello(frame)
+                self.peer = shake.peer
+                if shake.role == INITIATOR:
+                    self._write_now(shake.proof())
+                continue
+            else:
+                shake.on_proof(frame)
+                if shake.role == ACCEPTOR:  # only now: the initiator proved itself first
+                    self._write_now(shake.proof())
+                self._handshake = None
+                self._allow_sending()
+            self._verified = True
+            if self._timer is not None:
+                self._timer.cancel()
+            return True
+        if self._received > MAX_HANDSHAKE_BYTES:
+            raise AuthFailure(f"a link handshake longer than {MAX_HANDSHAKE_BYTES} bytes")
+        return False
+
+    def _allow_sending(self) -> None:
+        self._may_send = True
+        if not self.ready.done():
+            self.ready.set_result(True)
+        if self._out:
+            self.flush()
+
+    def _write_now(self, frame: Any) -> None:
+        if self.transport is not None:
+            self.transport.write(self._packer.pack(frame))
+
+    def _fail(self, reason: str) -> None:
+        if self.transport is None or self._verified or self._failed:
+            return
+        self._failed = True
+        self._failures(self.address, reason)
+        self._out.clear()  # nothing of ours goes to a peer that did not prove itself
+        self.transport.close()
 
     # --- sending ----------------------------------------------------------------------------
     @property
     def connected(self) -> bool:
-        return self.transport is not None and not self.transport.is_closing()
+        return self._may_send and self.transport is not None and not self.transport.is_closing()
 
     def send(self, frame: Any) -> None:
         self._out.append(self._packer.pack(frame))
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and self._may_send:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
     def flush(self) -> None:
         self._flush_scheduled = False
+        if not self._may_send:
+            return
         out, self._out = self._out, []
         if out and self.transport is not None:
             self.transport.write(b"".join(out))
 
     def close(self) -> None:
+        self._closing = True
         if self.transport is not None:
             self.flush()
             self.transport.close()
@@ -118,9 +246,20 @@ class _Peer:
 class Links:
     """This broker's links: a listener for peers' connections and one connection per peer."""
 
-    def __init__(self, node_id: str, on_frame: FrameHandler) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        on_frame: FrameHandler,
+        *,
+        host: str = "127.0.0.1",
+        secret: ClusterSecret | None = None,
+    ) -> None:
+        check_bind(host, secret)
         self.node_id = node_id
         self.on_frame = on_frame
+        self.host = host  # the address the listener binds
+        self.secret = secret
+        self.auth_failures = FailureLog("link")  # .count: connections rejected
         # Called when a link to a peer becomes blocked (True) or takes data again (False).
         self.on_blocked: Callable[[Link, bool], None] | None = None
         self._peers: dict[str, _Peer] = {}
@@ -128,13 +267,23 @@ class Links:
         self._server: asyncio.base_events.Server | None = None
         self._closed = False
 
-    async def start(self, host: str = "0.0.0.0", port: int = 0) -> int:
+    async def start(self, port: int = 0) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._accept, host, port, reuse_address=True)
+        self._server = await loop.create_server(self._accept, self.host, port, reuse_address=True)
         return self._server.sockets[0].getsockname()[1]
 
+    def _link(self, on_lost: Callable[[Link], None], role: str) -> Link:
+        return Link(
+            self.node_id,
+            self.on_frame,
+            on_lost,
+            role=role,
+            secret=self.secret,
+            failures=self.auth_failures,
+        )
+
     def _accept(self) -> Link:
-        link = Link(self.node_id, self.on_frame, self._inbound.discard)
+        link = self._link(self._inbound.discard, ACCEPTOR)
         self._inbound.add(link)
         return link
 
@@ -194,12 +343,19 @@ class Links:
             while not self._closed and self._peers.get(node_id) is peer:
                 try:
                     _, link = await loop.create_connection(
-                        lambda: Link(self.node_id, self.on_frame, partial(self._lost, peer)),
-                        *peer.addr,
+                        lambda: self._link(partial(self._lost, peer), INITIATOR), *peer.addr
                     )
                 except OSError as exc:
                     log.debug("link to %s at %s: %s", node_id, peer.addr, exc)
                     await asyncio.sleep(RECONNECT_DELAY_S)
+                    continue
+                try:
+                    verified = await link.ready
+                except asyncio.CancelledError:  # the peer was removed meanwhile
+                    link.close()
+                    raise
+                if not verified:  # the handshake failed (logged and counted)
+                    await asyncio.sleep(RETRY_AFTER_FAILURE_S)
                     continue
                 link.on_blocked = self.on_blocked
                 peer.link = link

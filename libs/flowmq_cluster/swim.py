@@ -1,7 +1,10 @@
 """SWIM membership and event dissemination over UDP (asyncio), after hashicorp/memberlist.
 
 Wire format: one compact JSON object per datagram, ``{"t": type, "f": sender id, ...,
-"b": [broadcast, ...]}``, at most ``GossipConfig.max_datagram`` bytes. Membership updates are
+"b": [broadcast, ...]}``, at most ``GossipConfig.max_datagram`` bytes. With a cluster secret
+every datagram is sealed (``flowmq_cluster.auth.GossipSeal``: timestamp and HMAC-SHA256 in
+front of the JSON, counted in the size), and one that does not verify is dropped before its
+JSON is read; without one the node must be bound to loopback. Membership updates are
 piggybacked on every ping, ack, ping-req and gossip message; events ride on gossip rounds,
 where one batch goes to ``gossip_nodes`` distinct peers. Each broadcast is sent at most
 ``retransmit_limit(N)`` times by each node; newer updates about a member replace older ones.
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from flowmq_cluster.auth import AuthFailure, ClusterSecret, FailureLog, GossipSeal, check_bind
 from flowmq_cluster.config import GossipConfig
 
 log = logging.getLogger("flowmq.cluster")
@@ -109,14 +113,20 @@ class Gossip:
         meta: dict[str, Any] | None = None,
         config: GossipConfig | None = None,
         advertise: Addr | None = None,
+        secret: ClusterSecret | None = None,
     ) -> None:
         self.node_id = node_id
         self.bind = bind
         self.seeds = [self._parse_addr(s) for s in seeds]
         self.config = config or GossipConfig()
         self.advertise = advertise
+        check_bind(bind[0], secret)
+        # Every datagram is sealed and opened with the secret; None: an open (loopback) plane.
+        self._seal = GossipSeal(secret) if secret is not None else None
+        # JSON bytes per datagram: max_datagram less the seal's header
+        self._room = self.config.max_datagram - (self._seal.overhead if self._seal else 0)
         meta = dict(meta or {})
-        if len(_dumps(meta)) > self.config.max_datagram // 2:
+        if len(_dumps(meta)) > self._room // 2:
             raise ValueError("node metadata too large for one datagram")
         self._self = Member(node_id, ("0.0.0.0", 0), 0, Status.ALIVE, meta, time.monotonic())
         self._members: dict[str, Member] = {node_id: self._self}
@@ -148,6 +158,7 @@ class Gossip:
         self.messages_received = 0
         self.messages_dropped = 0
         self.bad_messages = 0
+        self.auth_failures = FailureLog("gossip")  # .count: datagrams rejected
 
     # ------------------------------------------------------------------ public API
 
@@ -264,7 +275,7 @@ class Gossip:
     def update_meta(self, meta: dict[str, Any]) -> None:
         """Replace our metadata; a new incarnation carries it to every member."""
         meta = dict(meta)
-        if len(_dumps(meta)) > self.config.max_datagram // 2:
+        if len(_dumps(meta)) > self._room // 2:
             raise ValueError("node metadata too large for one datagram")
         self._self.meta = meta
         self._self.incarnation += 1
@@ -276,7 +287,7 @@ class Gossip:
         eid = (self.node_id, self._event_seq)
         item = {"k": "e", "o": self.node_id, "q": self._event_seq, "n": kind, "p": payload, "h": 0}
         encoded = _dumps(item)
-        if len(encoded) > self.config.max_datagram - 200:
+        if len(encoded) > self._room - 200:
             raise ValueError("event too large for one datagram")
         self._seen[eid] = time.monotonic()
         self._events.put(f"e:{eid[0]}:{eid[1]}", encoded)
@@ -293,7 +304,7 @@ class Gossip:
         return (a[0], int(a[1]))
 
     def _take_broadcasts(self, base: str, copies: int = 1, events: bool = False) -> list[str]:
-        budget = self.config.max_datagram - len(base) - 8
+        budget = self._room - len(base) - 8
         limit = self.config.retransmit_limit(max(1, self.cluster_size))
         items = self._queue.take(budget, limit, self.config.max_piggyback, copies)
         if events:
@@ -320,11 +331,7 @@ class Gossip:
         if self.drop is not None and self.drop(addr, msg["t"]):
             self.messages_dropped += 1
             return
-        self.messages_sent += 1
-        try:
-            self._transport.sendto(base.encode(), addr)
-        except OSError as exc:
-            log.debug("gossip send to %s failed: %s", addr, exc)
+        self._sendto(base, addr)
 
     def _others(self, *statuses: Status) -> list[Member]:
         return [m for m in self._members.values() if m is not self._self and m.status in statuses]
@@ -459,7 +466,7 @@ class Gossip:
     def _send_state(self, addr: Addr, reply: bool) -> None:
         """Push-pull: our full member table, split over as many datagrams as needed."""
         states = [_dumps(self._state_of(m)) for m in self._members.values()]
-        budget = self.config.max_datagram - 64
+        budget = self._room - 64
         chunk: list[str] = []
         size = 0
         first = True
@@ -480,9 +487,16 @@ class Gossip:
         if self.drop is not None and self.drop(addr, "pp"):
             self.messages_dropped += 1
             return
+        self._sendto(data, addr)
+
+    def _sendto(self, text: str, addr: Addr) -> None:
+        assert self._transport is not None
+        data = text.encode()
+        if self._seal is not None:
+            data = self._seal.seal(data)
         self.messages_sent += 1
         try:
-            self._transport.sendto(data.encode(), addr)
+            self._transport.sendto(data, addr)
         except OSError as exc:
             log.debug("gossip send to %s failed: %s", addr, exc)
 
@@ -505,6 +519,12 @@ class Gossip:
     def _on_datagram(self, data: bytes, addr: Addr) -> None:
         if not self._running:
             return
+        if self._seal is not None:
+            try:
+                data = self._seal.open(data)
+            except AuthFailure as exc:
+                self.auth_failures(addr[0], str(exc))
+                return
         try:
             msg = json.loads(data)
             kind = msg["t"]

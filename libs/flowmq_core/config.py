@@ -8,6 +8,7 @@ never drift apart.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -53,6 +54,13 @@ class BrokerConfig:
     gossip_indirect_checks: int = 3
     gossip_suspicion_mult: int = 4
     gossip_push_pull_interval: float = 30.0
+    # The closed cluster plane (DESIGN.md §12, docs/security.md): the address gossip and the
+    # inter-broker links bind to, and the shared secret that authenticates both (given
+    # directly, or as a file whose stripped content it is). Without a secret the cluster
+    # plane is open, so it may only bind a loopback address.
+    cluster_bind: str = "127.0.0.1"
+    cluster_secret: str = dataclasses.field(default="", repr=False)
+    cluster_secret_file: str = ""
 
     def resolved(self) -> BrokerConfig:
         """A copy with the embedded defaults that depend on ``data_dir`` filled in."""
@@ -79,6 +87,31 @@ class BrokerConfig:
             raise ConfigError(
                 f"log_level must be debug, info, warning or error; got {self.log_level}"
             )
+        try:
+            ipaddress.ip_address(self.cluster_bind)
+        except ValueError:
+            raise ConfigError(
+                f"cluster_bind must be an IP address (127.0.0.1, 0.0.0.0, 10.0.0.5, ::); "
+                f"got {self.cluster_bind!r}"
+            ) from None
+        if self.cluster_secret and self.cluster_secret_file:
+            raise ConfigError("set cluster_secret or cluster_secret_file, not both")
+
+    def read_cluster_secret(self) -> str:
+        """The cluster secret: ``cluster_secret``, else the stripped content of
+        ``cluster_secret_file``; empty when neither is set."""
+        if not self.cluster_secret_file:
+            return self.cluster_secret.strip()
+        try:
+            secret = Path(self.cluster_secret_file).expanduser().read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise ConfigError(
+                f"cannot read cluster_secret_file {self.cluster_secret_file}: {reason}"
+            ) from None
+        if not secret:
+            raise ConfigError(f"cluster_secret_file {self.cluster_secret_file} is empty")
+        return secret
 
 
 def _coerce(field: dataclasses.Field, raw: Any, source: str) -> Any:

@@ -178,6 +178,14 @@ anti_entropy_missing_events_detected_count = Counter(
     "anti_entropy_missing_events_detected_count",
     "Change-log entries anti-entropy found that gossip had not delivered.",
 )
+cluster_auth_failures_count = Counter(
+    "cluster_auth_failures_count",
+    "Gossip datagrams (bad MAC, stale timestamp) and inter-broker link connections (failed "
+    "or skipped handshake) rejected by the closed cluster plane.",
+    ("plane",),
+)
+for _plane in ("gossip", "link"):  # exposed at zero: an alert can watch for any increase
+    cluster_auth_failures_count.labels(_plane)
 
 
 def record_object_request(kind: str, size: int) -> None:

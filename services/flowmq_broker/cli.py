@@ -41,6 +41,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "gossip_port": f"gossip (UDP) port (default {defaults.gossip_port})",
         "cluster_port": "inter-broker link port (default 0 = any free port)",
         "seeds": "comma-separated host:gossip-port of other brokers",
+        "cluster_bind": f"address gossip and inter-broker links bind to (default "
+        f"{defaults.cluster_bind}); anything but loopback needs a cluster secret",
+        "cluster_secret": "shared secret authenticating gossip and links (at least 16 bytes); "
+        "prefer --cluster-secret-file or FLOWMQ_CLUSTER_SECRET: flags are visible to all users",
+        "cluster_secret_file": "file holding the cluster secret (its stripped content)",
         "roles": f"comma-separated subset of {','.join(ALL_ROLES)} (default all)",
         "admin_token": "admin API Bearer token (default: generated once, kept in <data-dir>/admin_token)",
         "allow_anonymous": "true or false: may clients connect without a user name (default true)",

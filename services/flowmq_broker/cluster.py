@@ -27,6 +27,7 @@ from typing import Any
 
 import flowmq_metrics as metrics
 from flowmq_broker.routing import Router
+from flowmq_cluster.auth import ClusterSecret
 from flowmq_cluster.link import Link, Links
 from flowmq_core.errors import FlowMQError
 from flowmq_core.message import Message
@@ -102,6 +103,8 @@ class ClusterRouting:
         *,
         members: Callable[[], Iterable[tuple[str, str, int | None]]] | None = None,
         on_routes_changed: Callable[[str, int], None] | None = None,
+        bind: str = "127.0.0.1",
+        secret: ClusterSecret | None = None,
     ) -> None:
         self.node_id = node_id
         self.meta = meta
@@ -112,7 +115,8 @@ class ClusterRouting:
         # Where forwarded messages are delivered here: the router that forwards through us,
         # given at ``start`` (it is built with this forwarder).
         self.router: Router | None = None
-        self.links = Links(node_id, self._on_frame)
+        # The link listener binds ``bind``; with a secret every link is authenticated first.
+        self.links = Links(node_id, self._on_frame, host=bind, secret=secret)
         self.links.on_blocked = self._link_blocked
         # Flow control (the MQTT adapter sets these): a forward just went into a blocked
         # link — slow the publisher down; no link is blocked any more — let it go.  And the

@@ -2,7 +2,8 @@
 
 Every process is a ``flowmq serve`` with its own ports and data dir ``<data-dir>/node-<i>``;
 all share the SQLite meta store ``<data-dir>/meta.db``, the object directory
-``<data-dir>/objects`` and one admin token, and join node-0 by gossip (DESIGN.md §6, §9).
+``<data-dir>/objects``, one admin token and one cluster secret (generated for this run unless
+the environment gives one; DESIGN.md §12), and join node-0 by gossip (DESIGN.md §6, §9).
 Process *i* runs MQTT if ``i < mqtt_num``, Kafka if ``i < kafka_num``, AMQP if
 ``i < amqp_num``, and the admin API (with metrics) always.
 """
@@ -14,6 +15,7 @@ import dataclasses
 import json
 import os
 import queue
+import secrets
 import signal
 import subprocess
 import sys
@@ -29,6 +31,7 @@ PORT_NAMES = ("http", "mqtt", "kafka", "amqp", "gossip")  # the keys of ports.js
 STARTUP_TIMEOUT_S = 60.0
 READY_POLL_S = 0.1  # a broker writes ports.json once it serves (whatever its log level)
 STOP_TIMEOUT_S = 10.0
+SECRET_ENV = ("FLOWMQ_CLUSTER_SECRET", "FLOWMQ_CLUSTER_SECRET_FILE")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +122,10 @@ class _Cluster:
         self.data_dir = data_dir
         self.log_level = log_level
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "FLOWMQ_ADMIN_TOKEN": token}
+        if not any(name in os.environ for name in SECRET_ENV):
+            # One random secret per run closes the cluster plane, local as it is: another
+            # process on this host cannot join, forward messages or take over sessions.
+            self.env["FLOWMQ_CLUSTER_SECRET"] = secrets.token_urlsafe(32)
         self.children: list[_Child] = []
         # SimpleQueue.put is reentrant, so the signal handler may use it too.
         self.events: queue.SimpleQueue[tuple[str, _Child | None]] = queue.SimpleQueue()
@@ -131,7 +138,8 @@ class _Cluster:
 
     def start(self, plan: NodePlan, seed: str | None) -> None:
         cmd = serve_command(plan, self.data_dir, seed, self.log_level)
-        # The token goes by environment, not by flag: command lines are visible to all users.
+        # The token and the cluster secret go by environment, not by flag: command lines are
+        # visible to all users.
         self.children.append(_Child(plan, cmd, self.env, self))
 
     def wait(self, until_ready: bool) -> str:

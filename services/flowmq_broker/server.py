@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import ipaddress
 import json
 import logging
 import os
@@ -24,8 +25,9 @@ from flowmq_broker.queues import QueueService
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.streams import StreamDestinationType
-from flowmq_cluster import Gossip, GossipConfig, Member, Status
-from flowmq_core.config import BrokerConfig
+from flowmq_cluster import ClusterSecret, Gossip, GossipConfig, Member, Status
+from flowmq_cluster.auth import check_bind
+from flowmq_core.config import BrokerConfig, ConfigError
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_jobs.stream_maintenance import INTERVAL_S as STREAM_MAINTENANCE_INTERVAL_S
@@ -70,6 +72,14 @@ def _advertised_host() -> str:
         return "127.0.0.1"
 
 
+def _cluster_advertised_host(bind: str) -> str:
+    """The address peers reach our gossip and links at: the bind address itself, unless it
+    is the unspecified address (0.0.0.0, ::), where it is this host's name resolved."""
+    if ipaddress.ip_address(bind).is_unspecified:
+        return _advertised_host()
+    return bind
+
+
 def _liveness(member: Member) -> dict[str, str]:
     """A gossip member's state as the cluster nodes API shows it (SWIM counts suspects live)."""
     status = member.status.value
@@ -78,6 +88,17 @@ def _liveness(member: Member) -> dict[str, str]:
 
 class StartupError(Exception):
     """A problem that stops the broker from starting; its message is one clear line."""
+
+
+def _cluster_secret(config: BrokerConfig) -> ClusterSecret | None:
+    """The cluster secret, or None for an open plane, which may only bind loopback."""
+    try:
+        text = config.read_cluster_secret()
+        secret = ClusterSecret(text) if text else None
+        check_bind(config.cluster_bind, secret)
+    except (ConfigError, ValueError) as exc:
+        raise StartupError(str(exc)) from None
+    return secret
 
 
 def _check_data_dir(path: Path) -> None:
@@ -113,6 +134,7 @@ class Broker:
         self.maintenance: PeriodicTask | None = None
         self.queues: QueueService | None = None
         self.cluster: ClusterRouting | None = None
+        self.cluster_secret: ClusterSecret | None = None
         self._ignore_events = os.environ.get(IGNORE_EVENTS_ENV) == "1"
 
     @property
@@ -197,6 +219,7 @@ class Broker:
     # --- life cycle -------------------------------------------------------------------
     async def start(self) -> None:
         cfg = self.config
+        self.cluster_secret = _cluster_secret(cfg)  # before anything is bound or written
         _check_data_dir(self.data_dir)
         try:
             self.meta = open_meta_store(cfg.meta)
@@ -216,6 +239,8 @@ class Broker:
             self.meta,
             members=self._live_peers,
             on_routes_changed=self._announce_routes,
+            bind=cfg.cluster_bind,
+            secret=self.cluster_secret,
         )
         self.router = Router(forwarder=self.cluster)
         object_owner = self._node_key()
@@ -331,12 +356,13 @@ class Broker:
             raise StartupError(f"gossip settings: {exc}") from None
         self.gossip = Gossip(
             self.node_id,
-            bind=("0.0.0.0", cfg.gossip_port),
+            bind=(cfg.cluster_bind, cfg.gossip_port),
             seeds=cfg.seeds,
             config=tuning,
             # The link port from the start: a peer routes to us only once it knows it.
             meta={"roles": cfg.roles, "ports": {"cluster": self.ports["cluster"]}},
-            advertise=(_advertised_host(), 0),
+            advertise=(_cluster_advertised_host(cfg.cluster_bind), 0),
+            secret=self.cluster_secret,
         )
         self.gossip.on_member_change = self._member_changed
         self.gossip.on_event = self._gossip_event
@@ -347,6 +373,13 @@ class Broker:
                 f"cannot listen on gossip port {cfg.gossip_port}: {exc.strerror}"
             ) from None
         metrics.gossip_cluster_size.set(len(self.gossip.members()))
+        log.info(
+            "cluster plane on %s: %s",
+            cfg.cluster_bind,
+            "gossip and links authenticated by the cluster secret"
+            if self.cluster_secret is not None
+            else "open, no cluster secret (loopback only)",
+        )
 
     async def _start_cluster_links(self) -> None:
         """Cross-node routing: links to the peers, this node's Subscription routes."""

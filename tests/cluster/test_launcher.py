@@ -6,6 +6,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -188,3 +189,27 @@ def test_cluster_stops_when_a_process_dies(launcher):
     assert cluster.proc.wait(15) == 1
     assert not Path(f"/proc/{table['node-0']['pid']}").exists()
     assert any("node-1 exited" in line for line in cluster.output)
+
+
+def test_the_cluster_is_closed_by_a_secret_the_launcher_generates(launcher):
+    cluster = launcher("--nodes", "1", "--mqtt-num", "0", "--kafka-num", "0", "--amqp-num", "0",
+                       "--any-ports")  # fmt: skip
+    row = cluster.table()["node-0"]
+    proc = Path(f"/proc/{row['pid']}")
+    given = [
+        var.split(b"=", 1)[1]
+        for var in (proc / "environ").read_bytes().split(b"\0")
+        if var.startswith(b"FLOWMQ_CLUSTER_SECRET=")
+    ]
+    assert len(given) == 1 and len(given[0]) >= 32  # by environment, random and long
+    assert b"secret" not in (proc / "cmdline").read_bytes()  # never on the command line
+    http = f"http://127.0.0.1:{row['http']}"
+    failures = 'plane="gossip"'
+    assert metric(http, "cluster_auth_failures_count", failures) == 0
+    # What a broker without the secret sends (a plain push-pull to join) is refused.
+    join = {"t": "pp", "f": "x", "r": 1, "s": [{"k": "a", "n": "x", "i": 1, "h": "127.0.0.1",
+                                                "p": 9, "m": {}}]}  # fmt: skip
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+        raw.sendto(json.dumps(join).encode(), ("127.0.0.1", int(row["gossip"])))
+    wait_for(lambda: metric(http, "cluster_auth_failures_count", failures) == 1, timeout=10)
+    assert metric(http, "gossip_cluster_size") == 1

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flowmq_cluster import Gossip, GossipConfig, Status
+from flowmq_cluster import ClusterSecret, Gossip, GossipConfig, Status
 
 # 10x faster than the memberlist LAN defaults
 FAST = GossipConfig(
@@ -40,8 +40,15 @@ class Harness:
         seeds: list[Any] | None = None,
         config: GossipConfig = FAST,
         meta: dict[str, Any] | None = None,
+        secret: ClusterSecret | None = None,
     ) -> Gossip:
-        g = Gossip(node_id, seeds=seeds or [], meta=meta or {"node": node_id}, config=config)
+        g = Gossip(
+            node_id,
+            seeds=seeds or [],
+            meta=meta or {"node": node_id},
+            config=config,
+            secret=secret,
+        )
 
         def on_change(member: Any, old: Status | None, new: Status) -> None:
             self.changes.append((node_id, member.node_id, old, new))

@@ -30,7 +30,7 @@ from flowmq_meta.users import (
     set_user,
     user_view,
 )
-from tests.unit.meta.test_scram import Client
+from tests.unit.meta.test_meta_scram import Client
 
 
 @pytest.fixture

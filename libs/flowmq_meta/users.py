@@ -345,12 +345,18 @@ class UserDirectory:
         self.password_checks += 1
         return self._finish(attempt, verify_password(attempt.stored, attempt.password))
 
-    async def authenticate(self, name: str, password: str | bytes, address: str) -> AuthResult:
+    async def authenticate(
+        self, name: str, password: str | bytes | None, address: str
+    ) -> AuthResult:
         """Check a login from client ``address`` (its IP address, no port) off the event
-        loop.  Refuses, without hashing, while the address is rate limited."""
+        loop.  Refuses, without hashing, while the address is rate limited, and a login
+        without a password (``None``)."""
         wait = self.limiter.retry_after(address)
         if wait > 0:
             return AuthResult(False, RATE_LIMITED, retry_after=wait)
+        if password is None:
+            self.limiter.record_failure(address)
+            return AuthResult(False, BAD_PASSWORD if self.known(name) else UNKNOWN_USER)
         attempt = self._begin(name, password)
         if attempt is not None:
             ok = await self._verify_off_loop(attempt.digest, attempt.stored, attempt.password)

@@ -141,6 +141,14 @@ async def test_authenticate_accepts_the_password_only(store, directory):
     assert not refused and refused.reason == BAD_PASSWORD and refused.namespace is None
 
 
+async def test_missing_password_refused(store, directory):
+    await create_user(store, "alice", "pw")
+    await directory.refresh()
+    assert (await directory.authenticate("alice", None, "10.0.0.1")).reason == BAD_PASSWORD
+    assert (await directory.authenticate("bob", None, "10.0.0.1")).reason == UNKNOWN_USER
+    assert not directory.check("alice", None)
+
+
 async def test_unknown_user_refused(store, directory):
     await directory.refresh()
     result = await directory.authenticate("mallory", b"", "10.0.0.1")

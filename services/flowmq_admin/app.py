@@ -49,6 +49,14 @@ _TOPIC_PATH = Param(
     "or percent-encoded.",
     multi_level=True,
 )
+_USERNAME = Param(
+    "username",
+    "path",
+    schemas.USERNAME,
+    required=True,
+    description="The user name; '/' may be sent as-is or percent-encoded.",
+    multi_level=True,
+)
 
 
 def _flowmq_version() -> str:
@@ -108,6 +116,19 @@ def operations() -> list[Operation]:
                   errors=(401, 404, 409)),
         *_destination_operations("streams", h.STREAMS, schemas.STREAM),
         *_destination_operations("queues", h.QUEUES, schemas.QUEUE),
+        Operation("GET", f"{API}/users", h.list_users, "listUsers",
+                  "List users (never their password hashes or credentials)", "Users",
+                  {"type": "array", "items": schemas.USER}, errors=(401,)),
+        Operation("POST", f"{API}/users", h.create_user, "createUser",
+                  "Create a user (MQTT, AMQP PLAIN, Kafka SASL PLAIN and SCRAM)", "Users",
+                  schemas.USER, body=schemas.USER_CREATE, status=201,
+                  errors=(400, 401, 404, 409, 413, 422)),
+        Operation("PUT", f"{API}/users/{{username}}", h.update_user, "updateUser",
+                  "Change a user's password", "Users", schemas.USER, body=schemas.USER_UPDATE,
+                  params=(_USERNAME,), errors=(400, 401, 404, 413, 422)),
+        Operation("DELETE", f"{API}/users/{{username}}", h.delete_user, "deleteUser",
+                  "Delete a user", "Users", deleted, params=(_USERNAME,),
+                  errors=(400, 401, 404, 422)),
         Operation("GET", f"{API}/subscriptions", h.list_subscriptions, "listSubscriptions",
                   "List Subscriptions (memory push consumers) on this broker", "Subscriptions",
                   {"type": "array", "items": schemas.SUBSCRIPTION},

@@ -17,6 +17,7 @@ from flowmq_admin.validation import read_json_body
 from flowmq_core.mapping import amqp_queue_filter, kafka_to_canonical
 from flowmq_core.message import Message
 from flowmq_core.topics import validate_topic
+from flowmq_meta import users
 from flowmq_meta.catalog import (
     DEFAULT_NAMESPACE,
     QUEUE,
@@ -27,12 +28,14 @@ from flowmq_meta.catalog import (
     Destination,
     validate_namespace_name,
 )
+from flowmq_meta.users import UserDirectory
 
 
 class AdminBackend(Protocol):
     """What the admin API needs from the broker process that hosts it."""
 
     catalog: Catalog
+    users: UserDirectory
 
     def route(self, namespace: str, topic: str) -> list[Destination]: ...
 
@@ -210,6 +213,43 @@ def delete_handler(resource: DestinationResource):
         return {"deleted": name}
 
     return handler
+
+
+# --- users -------------------------------------------------------------------------------------
+# Changes go through the meta store's change log; ``metadata_changed`` makes this broker's
+# directory reload at once, and the others follow by gossip or anti-entropy.
+async def list_users(request: web.Request, backend: AdminBackend) -> Any:
+    found = await users.load_users(backend.users.store)
+    return [users.user_view(found[name]) for name in sorted(found)]
+
+
+async def create_user(request: web.Request, backend: AdminBackend) -> Any:
+    body = await read_json_body(request, schemas.USER_CREATE)
+    created = await users.create_user(
+        backend.users.store,
+        body["username"],
+        body["password"],
+        body.get("namespace", DEFAULT_NAMESPACE),
+    )
+    await backend.metadata_changed()
+    return created
+
+
+async def update_user(request: web.Request, backend: AdminBackend) -> Any:
+    body = await read_json_body(request, schemas.USER_UPDATE)
+    updated = await users.set_password(
+        backend.users.store, request.match_info["username"], body["password"]
+    )
+    await backend.metadata_changed()
+    return updated
+
+
+async def delete_user(request: web.Request, backend: AdminBackend) -> Any:
+    name = request.match_info["username"]
+    if not await users.delete_user(backend.users.store, name):
+        raise ApiError("not_found", f"user {name!r} does not exist")
+    await backend.metadata_changed()
+    return {"deleted": name}
 
 
 # --- subscriptions, routes, cluster ----------------------------------------------------------

@@ -66,7 +66,8 @@ def build_document(operations: list[Operation], version: str) -> dict[str, Any]:
         "info": {
             "title": "FlowMQ-py admin API",
             "version": version,
-            "description": "Namespaces, Streams, Queues, Subscriptions, routing and HTTP publish. "
+            "description": "Namespaces, Streams, Queues, Users, Subscriptions, routing and HTTP "
+            "publish. "
             "Every answer is the envelope {success, data, error}.",
         },
         "servers": [{"url": "/"}],

@@ -129,6 +129,39 @@ PUBLISH_BATCH: Schema = {
     "additionalProperties": False,
 }
 
+USERNAME: Schema = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 255,
+    "pattern": "^[^\\x00-\\x1f\\x7f-\\x9f]+$",
+    "description": "At most 255 bytes of UTF-8, no control characters.",
+}
+
+PASSWORD: Schema = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 1024,
+    "description": "Not empty; at most 1024 bytes of UTF-8.",
+}
+
+USER_CREATE: Schema = {
+    "type": "object",
+    "properties": {
+        "username": USERNAME,
+        "password": PASSWORD,
+        "namespace": {**NAMESPACE_CREATE["properties"]["name"], "default": "default"},
+    },
+    "required": ["username", "password"],
+    "additionalProperties": False,
+}
+
+USER_UPDATE: Schema = {
+    "type": "object",
+    "properties": {"password": PASSWORD},
+    "required": ["password"],
+    "additionalProperties": False,
+}
+
 # --- responses ---------------------------------------------------------------------------
 ERROR: Schema = {
     "type": "object",
@@ -184,6 +217,18 @@ QUEUE: Schema = _destination(
     },
     "topic_filter",
 )
+
+USER: Schema = {
+    "type": "object",
+    "properties": {
+        "username": {"type": "string"},
+        "namespace": {"type": "string"},
+        "created_at_ms": {"type": ["integer", "null"]},
+    },
+    "required": ["username", "namespace", "created_at_ms"],
+    "additionalProperties": False,
+    "description": "A user as the API shows it: never a password hash or credential.",
+}
 
 SUBSCRIPTION: Schema = {
     "type": "object",

@@ -74,7 +74,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
 def _user_parser(sub: argparse._SubParsersAction) -> None:
     user = sub.add_parser(
         "user",
-        help="manage users (MQTT user name/password; AMQP and Kafka SASL PLAIN)",
+        help="manage users (MQTT user name/password; AMQP PLAIN; Kafka SASL PLAIN and SCRAM)",
         description="Users live in the meta store, so every broker sharing it sees them.",
     )
     user.add_argument("--config", help="TOML config file (for data_dir / meta)")
@@ -83,17 +83,42 @@ def _user_parser(sub: argparse._SubParsersAction) -> None:
     actions = user.add_subparsers(dest="action", required=True)
     add = actions.add_parser("add", help="create a user or set its password")
     add.add_argument("name")
-    add.add_argument("--password", help="the password (default: read from standard input)")
+    add.add_argument(
+        "--password", help="the password, not empty (default: one line of standard input)"
+    )
+    add.add_argument(
+        "--namespace",
+        default=None,
+        help="the namespace the user belongs to (default: default; an existing user keeps its own)",
+    )
     delete = actions.add_parser("delete", help="remove a user")
     delete.add_argument("name")
     actions.add_parser("list", help="list user names")
 
 
 async def _user_command(config: BrokerConfig, args: argparse.Namespace) -> int:
+    from flowmq_core.errors import InvalidName, NotFound
     from flowmq_meta import open_meta_store
     from flowmq_meta.api import MetaError
-    from flowmq_meta.users import delete_user, load_users, set_user
+    from flowmq_meta.users import (
+        InvalidPassword,
+        delete_user,
+        load_users,
+        set_user,
+        validate_password,
+        validate_username,
+    )
 
+    if args.action == "add":
+        password = args.password
+        if password is None:
+            password = sys.stdin.readline().rstrip("\n")
+        try:  # refuse bad input before touching the store
+            validate_username(args.name)
+            validate_password(password)
+        except (InvalidName, InvalidPassword) as exc:
+            print(f"flowmq: {exc}", file=sys.stderr)
+            return 2
     try:
         store = open_meta_store(config.resolved().meta)
     except MetaError as exc:
@@ -101,10 +126,11 @@ async def _user_command(config: BrokerConfig, args: argparse.Namespace) -> int:
         return 1
     try:
         if args.action == "add":
-            password = args.password
-            if password is None:
-                password = sys.stdin.readline().rstrip("\n")
-            await set_user(store, args.name, password)
+            try:
+                await set_user(store, args.name, password, namespace=args.namespace)
+            except (InvalidName, NotFound) as exc:  # a bad or unknown --namespace
+                print(f"flowmq: {exc}", file=sys.stderr)
+                return 2 if isinstance(exc, InvalidName) else 1
             print(f"user {args.name} saved")
         elif args.action == "delete":
             if not await delete_user(store, args.name):

@@ -29,3 +29,16 @@ MAX_NAME_BYTES = 255
 def utf8_size(text: str) -> int:
     """Bytes of ``text`` in UTF-8 (fast for ASCII, the common case)."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def exceeded_topic_limit(text: str) -> str | None:
+    """The limit a topic or filter exceeds (``topic_bytes``, ``topic_levels``), or None.
+    One comparison for the usual topic: under ``MAX_TOPIC_LEVELS`` characters it can break
+    neither limit (each extra level needs a ``/``)."""
+    if len(text) < MAX_TOPIC_LEVELS:
+        return None
+    if utf8_size(text) > MAX_TOPIC_BYTES:
+        return "topic_bytes"
+    if text.count("/") >= MAX_TOPIC_LEVELS:
+        return "topic_levels"
+    return None

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowmq_core.limits import MAX_TOPIC_BYTES
+
 Schema = dict[str, Any]
 
 _NULLABLE_POSITIVE_INT: Schema = {"type": ["integer", "null"], "minimum": 1, "maximum": 2**31 - 1}
 
-TOPIC_FILTER: Schema = {"type": "string", "minLength": 1, "maxLength": 65535}
+TOPIC_FILTER: Schema = {"type": "string", "minLength": 1, "maxLength": MAX_TOPIC_BYTES}
 
 NAMESPACE_CREATE: Schema = {
     "type": "object",
@@ -75,7 +77,7 @@ _QUEUE_SETTINGS: dict[str, Schema] = {
     "max_size_mb": {**_NULLABLE_POSITIVE_INT, "description": "null: unbounded."},
     "message_ttl_seconds": {**_NULLABLE_POSITIVE_INT, "description": "null: no expiry."},
     "max_retries": {"type": "integer", "minimum": 0, "maximum": 1000},
-    "dead_letter_topic": {"type": ["string", "null"], "minLength": 1, "maxLength": 65535},
+    "dead_letter_topic": {"type": ["string", "null"], "minLength": 1, "maxLength": MAX_TOPIC_BYTES},
 }
 
 QUEUE_CREATE: Schema = {

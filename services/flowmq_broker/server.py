@@ -28,6 +28,7 @@ from flowmq_broker.streams import StreamDestinationType
 from flowmq_cluster import ClusterSecret, Gossip, GossipConfig, Member, Status
 from flowmq_cluster.auth import check_bind
 from flowmq_core.config import BrokerConfig, ConfigError
+from flowmq_core.limits import MAX_TOPIC_BYTES
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_jobs.stream_maintenance import INTERVAL_S as STREAM_MAINTENANCE_INTERVAL_S
@@ -325,10 +326,10 @@ class Broker:
 
     async def _serve_http(self, sock: socket.socket) -> None:
         app = create_app(self, self.admin_token, admin="admin" in self.config.roles)
-        # A topic in a publish URL may be 65535 bytes (MQTT's limit), percent-encoded three
-        # times that; aiohttp's default 8 KiB request line would refuse it outside our envelope.
+        # A topic in a publish URL may be MAX_TOPIC_BYTES, percent-encoded three times that;
+        # aiohttp's default 8 KiB request line would refuse it outside our envelope.
         self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, max_line_size=256 * 1024
+            app, access_log=None, handle_signals=False, max_line_size=4 * MAX_TOPIC_BYTES
         )
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()

@@ -14,6 +14,7 @@ import secrets
 from collections import deque
 from typing import Any
 
+import flowmq_metrics as metrics
 from flowmq_broker.mqtt.host import ConnectionHost
 from flowmq_broker.mqtt.metrics import mqtt_metrics
 from flowmq_broker.mqtt.session import (
@@ -27,6 +28,12 @@ from flowmq_broker.mqtt.session import (
 )
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.errors import InvalidFilter
+from flowmq_core.limits import (
+    MAX_CLIENT_ID_BYTES,
+    MAX_TOPIC_LEVELS,
+    exceeded_topic_limit,
+    utf8_size,
+)
 from flowmq_core.message import Message
 from flowmq_core.topics import parse_shared, validate_subscription_filter
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
@@ -60,6 +67,15 @@ CONNECT_TIMEOUT_S = 30.0
 # a subscriber that stops reading must not grow the broker's memory without bound.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 _PASSTHROUGH = ("payload_format_indicator", "response_topic", "correlation_data")
+
+
+def _over_limit(topic: str) -> bool:
+    """A topic past ``flowmq_core.limits`` (counted): refused before it reaches storage."""
+    limit = exceeded_topic_limit(topic)
+    if limit is None:
+        return False
+    metrics.limits_rejections_count.labels(limit).inc()
+    return True
 
 
 class MqttConnection(asyncio.Protocol):
@@ -339,8 +355,24 @@ class MqttConnection(asyncio.Protocol):
             self.send(Connack(False, refused))
             self.close()
             return
+        if utf8_size(p.client_id) > MAX_CLIENT_ID_BYTES:
+            metrics.limits_rejections_count.labels("client_id_bytes").inc()
+            log.info(
+                "mqtt %s: client id longer than %d bytes; refused",
+                self._peer(),
+                MAX_CLIENT_ID_BYTES,
+            )
+            self.send(
+                Connack(
+                    False, rc.CLIENT_IDENTIFIER_NOT_VALID if v5 else rc.CONNACK_IDENTIFIER_REJECTED
+                )
+            )
+            self.close()
+            return
         if p.will is not None and (
-            _has_wildcard(p.will.topic) or _has_wildcard(p.will.properties.get("response_topic"))
+            _has_wildcard(p.will.topic)
+            or _has_wildcard(p.will.properties.get("response_topic"))
+            or _over_limit(p.will.topic)
         ):
             # A will is published like any PUBLISH: its topics follow the same rules (3.1.1
             # has no CONNACK code for it: the connection is closed, as Mosquitto does).
@@ -531,6 +563,9 @@ class MqttConnection(asyncio.Protocol):
         # The codec has already checked UTF-8, U+0000 and length; wildcards are left to us.
         if "+" in topic or "#" in topic:
             self.disconnect(rc.TOPIC_NAME_INVALID, f"wildcard in PUBLISH topic {topic[:100]!r}")
+            return
+        if len(topic) >= MAX_TOPIC_LEVELS and _over_limit(topic):
+            self.disconnect(rc.TOPIC_NAME_INVALID, f"PUBLISH topic over the limits {topic[:100]!r}")
             return
         if props and _has_wildcard(props.get("response_topic")):  # MQTT-3.3.2-14
             self.disconnect(rc.PROTOCOL_ERROR, "wildcard in the response topic")
@@ -823,7 +858,9 @@ class MqttConnection(asyncio.Protocol):
             try:
                 validate_subscription_filter(topic_filter)
                 shared = parse_shared(topic_filter)
-            except InvalidFilter:
+            except InvalidFilter as exc:
+                if "limit" in exc.details:
+                    metrics.limits_rejections_count.labels(exc.details["limit"]).inc()
                 codes.append(rc.TOPIC_FILTER_INVALID if v5 else rc.SUBACK_FAILURE)
                 continue
             if shared is not None and options.no_local:

@@ -31,7 +31,6 @@ from flowmq_objstore.api import ObjectStore
 log = logging.getLogger(__name__)
 
 INLINE_LIMIT = 64 * 1024
-LONG_TOPIC = 1024  # characters; at most 4 kB of UTF-8
 INLINE, IN_OBJECT = 0, 1
 _U16 = struct.Struct(">H")
 
@@ -152,11 +151,9 @@ class RetainedStore:
 
 
 def retained_key(namespace: str, topic: str) -> bytes:
-    """The meta-store key of a topic's retained message.  Topics may be 65535 bytes but keys
-    only 10 kB, so a long topic is keyed by its hash (the record holds the topic itself)."""
-    if len(topic) <= LONG_TOPIC:
-        return keys.RETAINED.pack(namespace, topic)
-    return keys.RETAINED.pack(namespace, "#sha256:" + hashlib.sha256(topic.encode()).hexdigest())
+    """The meta-store key of a topic's retained message: topics are within
+    ``flowmq_core.limits``, so every such key fits the key budget."""
+    return keys.RETAINED.pack(namespace, topic)
 
 
 def _swap(tr, key: bytes, value: bytes | None) -> bytes | None:

@@ -545,3 +545,17 @@ def roundtrip(port: int, tag: str = "") -> None:
         assert (m.topic, m.payload) == (f"check/{tag}", b"alive")
     finally:
         c.close()
+
+
+@pytest.fixture
+def still_serves(broker, paho, uid):  # noqa: F811 (uid is the imported fixture)
+    """A v5 client connected before the bad input; after it, it must still get messages, and
+    a new client must still connect."""
+    watcher = subscribed(paho, f"watch-{uid}", f"alive/{uid}", 1, v5=True)
+
+    def check() -> None:
+        watcher.publish(f"alive/{uid}", b"still here", 1)
+        assert watcher.get().payload == b"still here"
+        roundtrip(broker.ports["mqtt"])
+
+    return check

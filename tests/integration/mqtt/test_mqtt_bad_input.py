@@ -17,21 +17,7 @@ from flowmq_wire.mqtt.packets import (
     Will,
 )
 
-from .conftest import roundtrip, subscribed
-
-
-@pytest.fixture
-def still_serves(broker, paho, uid):
-    """A v5 client connected before the bad input; after it, it must still get messages, and
-    a new client must still connect."""
-    watcher = subscribed(paho, f"watch-{uid}", f"alive/{uid}", 1, v5=True)
-
-    def check() -> None:
-        watcher.publish(f"alive/{uid}", b"still here", 1)
-        assert watcher.get().payload == b"still here"
-        roundtrip(broker.ports["mqtt"])
-
-    return check
+from .conftest import subscribed
 
 
 def _assert_closed_for(got: list, level: int, reason_code: int) -> None:

@@ -13,9 +13,9 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from flowmq_commit.batcher import GroupCommit, GroupCommitBatcher
+from flowmq_commit.tasks import running_task
 from flowmq_kas3 import index
-from flowmq_kas3._util import running_task
-from flowmq_kas3.batcher import GroupCommit, GroupCommitBatcher
 from flowmq_kas3.errors import OffsetOutOfRange
 from flowmq_kas3.index import ChunkEntry, Partition
 from flowmq_kas3.page_cache import PageCache

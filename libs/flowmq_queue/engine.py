@@ -23,10 +23,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import flowmq_metrics as metrics
-from flowmq_core.message import Message
+from flowmq_commit.batcher import GroupCommitBatcher
+from flowmq_commit.clock import Clock
+from flowmq_core.message import Message, now_ms
 from flowmq_core.periodic import PeriodicTask
-from flowmq_kas3._util import wall_ms
-from flowmq_kas3.batcher import GroupCommitBatcher
 from flowmq_meta import MetaStore, Transaction
 from flowmq_objstore import ObjectStore
 from flowmq_queue import index
@@ -213,7 +213,7 @@ class QueueEngine:
         holder: str = "",
         lease_ms: int = DEFAULT_LEASE_MS,
         cache: BodyCache | None = None,
-        clock: Callable[[], int] = wall_ms,
+        clock: Clock = now_ms,
         piggyback: bool = True,
     ) -> None:
         self.meta = meta

@@ -23,12 +23,12 @@ from flowmq_broker.queues import QueueService, install_queues
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_broker.streams import StreamDestinationType
 from flowmq_cluster import Gossip, GossipConfig
+from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_core.config import BrokerConfig
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_jobs.stream_maintenance import INTERVAL_S as STREAM_MAINTENANCE_INTERVAL_S
 from flowmq_jobs.stream_maintenance import StreamMaintenance
-from flowmq_kas3.batcher import GroupCommitBatcher
 from flowmq_kas3.page_cache import PageCache
 from flowmq_kas3.store import StreamStore
 from flowmq_meta import open_meta_store

@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from flowmq_kas3 import GroupCommitBatcher, PageCache, StreamStore, build_batch
+from flowmq_commit import GroupCommitBatcher
+from flowmq_kas3 import PageCache, StreamStore, build_batch
 from flowmq_meta import MetaError, MetaStore, Transaction, open_meta_store
 from flowmq_objstore import ObjectStore, ObjectStoreError, open_object_store
 from tests.fixtures.s3 import s3_bucket_url, s3_client, s3_server  # noqa: F401

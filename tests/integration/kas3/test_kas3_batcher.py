@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from flowmq_kas3 import GroupCommit, GroupCommitBatcher, IntentLost, WithRefs, collect_garbage
-from flowmq_kas3.refs import ABANDON_GRACE_MS, INTENT, decode_listing, ref_count
+from flowmq_commit import GroupCommit, GroupCommitBatcher, IntentLost, WithRefs, collect_garbage
+from flowmq_commit.refs import ABANDON_GRACE_MS, INTENT, decode_listing, ref_count
 from flowmq_meta import MetaError, Transaction
 from flowmq_meta.keys import OBJECT_REFS, OBJECTS_TO_DELETE, SETTINGS
 from flowmq_objstore import ObjectStoreError
@@ -329,7 +329,7 @@ async def test_a_flush_after_a_long_idle_period_renews_the_intent_first(
 
 
 def test_default_flush_interval_depends_on_the_object_store(tmp_path) -> None:
-    from flowmq_kas3 import default_flush_interval
+    from flowmq_commit import default_flush_interval
     from flowmq_objstore import FileObjectStore, S3ObjectStore
 
     assert default_flush_interval(FileObjectStore(tmp_path)) <= 0.005

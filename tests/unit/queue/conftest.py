@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from flowmq_commit import GroupCommitBatcher
 from flowmq_core.message import Message
-from flowmq_kas3 import GroupCommitBatcher
 from flowmq_meta import open_meta_store
 from flowmq_objstore import open_object_store
 from flowmq_queue import Delivery, QueueEngine, QueueOptions

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from flowmq_commit import collect_garbage
 from flowmq_core.message import Message
-from flowmq_kas3 import collect_garbage
 from flowmq_meta.keys import OBJECT_REFS, QUEUE_INFLIGHT, QUEUE_READY
 from flowmq_queue import QueueEngine, QueueFull, QueueOptions
 

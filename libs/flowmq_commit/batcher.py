@@ -33,19 +33,22 @@ import asyncio
 import collections
 import contextlib
 import logging
+import re
 import secrets
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from flowmq_kas3 import refs
-from flowmq_kas3._util import Clock, FaultHook, fault, key_component, running_task, wall_ms
-from flowmq_kas3.errors import BatcherClosed
+from flowmq_commit import refs
+from flowmq_commit.clock import Clock
+from flowmq_commit.errors import BatcherClosed
+from flowmq_commit.tasks import FaultHook, fault, running_task
+from flowmq_core.message import now_ms
 from flowmq_meta import MetaStore, Transaction
 from flowmq_metrics import kas3_segment_size
 from flowmq_objstore import ObjectStore
 
-log = logging.getLogger("flowmq_kas3.batcher")
+log = logging.getLogger(__name__)
 
 CommitFn = Callable[[Transaction, str, int, int], Any]
 """``commit(tr, object_key, start, end) -> result``, run inside the flush transaction (and
@@ -80,6 +83,15 @@ DEFAULT_FLUSH_INTERVAL = {"file": 0.003, "s3": 0.1}
 DEFAULT_INTENT_LEASE_MS = 10 * 60 * 1000
 DEFAULT_MAX_FLUSH_ITEMS = 10_000
 _RENEW_RETRY_S = 1.0
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def key_component(name: str) -> str:
+    """``name`` made safe as one object-key path component on every backend."""
+    cleaned = _UNSAFE.sub("_", name).strip(".") or "node"
+    return cleaned[:100]
 
 
 def default_flush_interval(objects: ObjectStore) -> float:
@@ -155,7 +167,7 @@ class GroupCommitBatcher:
         max_flush_items: int = DEFAULT_MAX_FLUSH_ITEMS,
         intent_lease_ms: int = DEFAULT_INTENT_LEASE_MS,
         key_prefix: str = "segments",
-        clock: Clock = wall_ms,
+        clock: Clock = now_ms,
         faults: FaultHook | None = None,
     ) -> None:
         if size_threshold <= 0:

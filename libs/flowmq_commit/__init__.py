@@ -16,12 +16,9 @@ from __future__ import annotations
 from flowmq_commit.batcher import (
     DEFAULT_FLUSH_INTERVAL,
     DEFAULT_SIZE_THRESHOLD,
-    AfterCommit,
     BatcherStats,
-    CommitFn,
     GroupCommit,
     GroupCommitBatcher,
-    WithRefs,
     default_flush_interval,
 )
 from flowmq_commit.clock import Clock
@@ -31,17 +28,14 @@ from flowmq_commit.gc import GcResult, collect_garbage
 __all__ = [
     "DEFAULT_FLUSH_INTERVAL",
     "DEFAULT_SIZE_THRESHOLD",
-    "AfterCommit",
     "BatcherClosed",
     "BatcherStats",
     "Clock",
     "CommitError",
-    "CommitFn",
     "GcResult",
     "GroupCommit",
     "GroupCommitBatcher",
     "IntentLost",
-    "WithRefs",
     "collect_garbage",
     "default_flush_interval",
 ]

@@ -130,7 +130,7 @@ class StreamStore:
         that has already walked the batches (the Kafka adapter checks their CRCs)."""
         if summary is None:
             summary = summarize(records)
-        return self.batcher.submit_grouped(
+        return self.batcher.submit(
             (ns, stream, partition),
             records,
             self._commit,

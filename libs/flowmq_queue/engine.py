@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import flowmq_metrics as metrics
-from flowmq_commit.batcher import GroupCommitBatcher
+from flowmq_commit.batcher import GroupCommit, GroupCommitBatcher
 from flowmq_commit.clock import Clock
 from flowmq_core.message import Message, now_ms
 from flowmq_core.periodic import PeriodicTask
@@ -191,6 +191,17 @@ class _LocalQueue:
         self.turn = 0
 
 
+class _RoundCommit(GroupCommit):
+    """A round riding in a flush: a zero-byte chunk whose ``ctx`` is the round's transaction
+    function, called with the flush's object key to protect (``index.Delta.apply``).  It
+    writes no entry pointing into the object."""
+
+    def commit(
+        self, tr: Transaction, group: Any, object_key: str, chunks: list[tuple[int, int, Any]]
+    ) -> tuple[list[Any], int]:
+        return [work(tr, object_key) for _, _, work in chunks], 0
+
+
 @dataclasses.dataclass
 class _RoundResult:
     settled: list[tuple[_Lease, index.Settled]] = dataclasses.field(default_factory=list)
@@ -228,6 +239,7 @@ class QueueEngine:
         self.piggyback = piggyback
         self.rounds = 0
         self._commit = EnqueueCommit(self._enqueued)
+        self._round_commit = _RoundCommit()
         self._queues: dict[tuple[str, str], _LocalQueue] = {}
         self._consumers: dict[str, Consumer] = {}
         self._leases: dict[int, _Lease] = {}
@@ -284,7 +296,7 @@ class QueueEngine:
             ttl_end = message.timestamp_ms + opts.ttl_ms
             expires = min(expires, ttl_end) if expires else ttl_end
         ctx = EnqueueCtx(message, expires, opts)
-        future = self.batcher.submit_grouped(("q", ns, queue), body, self._commit, ctx)
+        future = self.batcher.submit(("q", ns, queue), body, self._commit, ctx)
         ctx.future = future
         return future
 
@@ -514,9 +526,7 @@ class QueueEngine:
             for lq, _, _, _ in claims:
                 lq.fresh = False
             if self.piggyback and not urgent and self.batcher.pending_bytes > 0:
-                result = await self.batcher.submit(
-                    ("queue-round",), b"", lambda tr, key, _s, _e: work(tr, key), refs=0
-                )
+                result = await self.batcher.submit(("queue-round",), b"", self._round_commit, work)
             else:
                 result = await self.meta.transact(work)
         except Exception:

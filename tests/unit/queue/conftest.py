@@ -57,7 +57,7 @@ class Env:
         """Let pending rounds run to completion."""
         for _ in range(20):
             await asyncio.sleep(0.01)
-            if not self.engine._ops and not self.engine._dead_done:
+            if not self.engine.claims.pending():
                 break
         await asyncio.sleep(0.02)
 

@@ -281,5 +281,5 @@ async def test_batched_rounds_keep_transactions_per_message_low(env) -> None:
             acked += 1
     await asyncio.gather(*futures)
     await env.settle()
-    transactions = env.batcher.stats.flushes + env.engine.rounds
+    transactions = env.batcher.stats.flushes + env.engine.claims.rounds
     assert transactions / n <= 0.05

@@ -5,6 +5,7 @@
   and one meta transaction per flush, for every stream partition and queue at once.
 - refs.py: the object life cycle (write intents, reference counts, the to-delete list) and
   the invariants it keeps; gc.py: ``collect_garbage`` deletes the objects it lists.
+- cache.py: ``ByteLRU``, under the stream page cache and the queue body cache.
 - clock.py: the injectable wall clock; tasks.py: fault points and the running-tasks gauge.
 
 Depends on ``flowmq_core``, ``flowmq_meta``, ``flowmq_objstore`` and ``flowmq_metrics``

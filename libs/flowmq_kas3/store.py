@@ -159,7 +159,7 @@ class StreamStore:
         return list(await asyncio.gather(*futures, return_exceptions=return_exceptions))
 
     def _committed(self, p: Partition, location: tuple[str, int, int], data: bytes) -> None:
-        self.page_cache.put(location, data)
+        self.page_cache.put(location, data, len(data))
         waiters = self._waiters.pop(p, None)
         if waiters:
             for fut in waiters:

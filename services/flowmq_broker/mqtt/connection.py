@@ -18,13 +18,12 @@ from flowmq_broker.mqtt.server import (
     MqttServer,
     delivery_extra,
     mqtt_metrics,
-    now_ms,
     session_enqueue,
 )
 from flowmq_broker.mqtt.session import NEVER_EXPIRES, Outgoing, Session, Subscription
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.errors import InvalidFilter
-from flowmq_core.message import Message
+from flowmq_core.message import Message, now_ms
 from flowmq_core.topics import parse_shared, validate_subscription_filter
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_wire.mqtt import reason_codes as rc

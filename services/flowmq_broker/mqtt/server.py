@@ -12,7 +12,6 @@ import functools
 import itertools
 import json
 import logging
-import time
 from typing import Any, NamedTuple
 
 import flowmq_metrics as metrics
@@ -576,7 +575,3 @@ class _SharedType(DestinationType):
         if sub is not None:
             return server.deliver(chosen, message, [sub], binding.name)
         return None
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

@@ -62,6 +62,35 @@ async def started_batcher(
     return batcher
 
 
+async def flushed_alone(batcher: GroupCommitBatcher, tag: str) -> str:
+    """Submit one chunk, flush it, and return the object it went to."""
+    fut = batcher.submit("g", tag.encode(), RECORDING, tag)
+    await batcher.flush()
+    return fut.result()[0]
+
+
+async def assert_flush_fails(
+    batcher: GroupCommitBatcher, meta: CountingMetaStore, error: type[Exception]
+) -> None:
+    """A flush of chunks of several groups fails every one with ``error``; none is indexed."""
+    futures = [batcher.submit(i % 3, b"data", RECORDING, f"f{i}") for i in range(9)]
+    await batcher.flush()
+    for f in futures:
+        with pytest.raises(error):
+            f.result()
+    for i in range(9):
+        assert await read_setting(meta, f"f{i}") is None
+
+
+async def objects_after_grace(
+    meta: CountingMetaStore, objects: CountingObjectStore, now: list[int]
+) -> list[str]:
+    """The objects left once abandoned ones are past their grace and GC has run."""
+    now[0] += ABANDON_GRACE_MS
+    await collect_garbage(meta, objects, clock=lambda: now[0])
+    return await objects.list()
+
+
 async def test_one_put_and_one_transaction_per_flush_for_many_groups(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
@@ -162,17 +191,9 @@ async def test_failed_put_fails_every_waiter_and_acknowledges_nothing(
 ) -> None:
     batcher = await started_batcher(meta, objects)
     objects.fail_puts = 1
-    futures = [batcher.submit(i % 3, b"data", RECORDING, f"f{i}") for i in range(9)]
-    await batcher.flush()
-    for f in futures:
-        with pytest.raises(ObjectStoreError):
-            f.result()
-    for i in range(9):
-        assert await read_setting(meta, f"f{i}") is None
+    await assert_flush_fails(batcher, meta, ObjectStoreError)
     # the batcher recovers: the next flush works
-    ok = batcher.submit("g", b"ok", RECORDING, "ok")
-    await batcher.flush()
-    assert ok.result()[0]
+    assert await flushed_alone(batcher, "ok")
     await batcher.close()
 
 
@@ -182,26 +203,16 @@ async def test_failed_transaction_fails_every_waiter_and_leaves_no_orphan(
     now = [1_000_000_000]
     batcher = await started_batcher(meta, objects, clock=lambda: now[0])
     meta.fail_transactions = 1
-    futures = [batcher.submit(i % 3, b"data", RECORDING, f"f{i}") for i in range(9)]
-    await batcher.flush()
-    for f in futures:
-        with pytest.raises(MetaError):
-            f.result()
-    for i in range(9):
-        assert await read_setting(meta, f"f{i}") is None
+    await assert_flush_fails(batcher, meta, MetaError)
     [orphan] = await objects.list()
     # the object whose commit failed is still listed (as the intent it was written under)
     assert await meta.inner.get(OBJECTS_TO_DELETE.pack(orphan)) is not None
-    next_flush = batcher.submit("g", b"ok", RECORDING, "ok")
-    await batcher.flush()
-    ok = next_flush.result()
-    assert ok[0] != orphan
+    ok = await flushed_alone(batcher, "ok")
+    assert ok != orphan
     # ... and the next flush handed it to GC, which deletes it after a grace period
     await collect_garbage(meta, objects, clock=lambda: now[0])
     assert orphan in await objects.list()
-    now[0] += ABANDON_GRACE_MS
-    await collect_garbage(meta, objects, clock=lambda: now[0])
-    assert await objects.list() == [ok[0]]
+    assert await objects_after_grace(meta, objects, now) == [ok]
     await batcher.close()
 
 
@@ -264,13 +275,9 @@ async def test_a_claimed_intent_fails_the_flush(
     with pytest.raises(IntentLost):
         fut.result()
     objects.put_gate = None
-    retry = batcher.submit("g", b"again", RECORDING, "y")
-    await batcher.flush()
-    again = retry.result()
+    again = await flushed_alone(batcher, "again")
     # the object written under the lost intent was listed again, and GC removes it
-    now[0] += ABANDON_GRACE_MS
-    await collect_garbage(meta, objects, clock=lambda: now[0])
-    assert await objects.list() == [again[0]]
+    assert await objects_after_grace(meta, objects, now) == [again]
     await batcher.close()
 
 

@@ -254,7 +254,7 @@ def serve_flowmq(data_dir: str, amqp_port: int, stats_file: str) -> None:
     tune_interpreter()  # as `flowmq serve` does
     interval = os.environ.get("BENCH_FLUSH_INTERVAL")
     if interval is not None:  # experiments only: what the batcher's interval costs
-        import flowmq_kas3.batcher as batcher
+        import flowmq_commit.batcher as batcher
 
         batcher.DEFAULT_FLUSH_INTERVAL["file"] = float(interval)
 

@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flowmq_kas3 import GroupCommitBatcher, PageCache, StreamStore, build_batch
+from flowmq_commit import GroupCommitBatcher
+from flowmq_kas3 import PageCache, StreamStore, build_batch
 from flowmq_kas3.records import split_batches
 from flowmq_meta import MetaStore, Transaction, open_meta_store
 from flowmq_objstore import ObjectStore, open_object_store

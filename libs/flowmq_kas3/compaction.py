@@ -6,7 +6,7 @@ A run of them is read, written as one new object, and swapped in one transaction
 single index entry at the run's first base offset with the summed offset count: offsets do
 not change, and every batch stays readable at the same offset.
 
-Crash safety (see ``refs.py``): the new object's key is listed as an intent before the PUT,
+Crash safety (see ``flowmq_commit/refs.py``): the new object's key is listed as an intent before the PUT,
 and the swap checks that intent and that the run's index entries are still exactly what was
 read (retention or another compactor may have changed them); it drops the old objects'
 references in the same transaction.
@@ -18,9 +18,12 @@ import collections
 import secrets
 from typing import NamedTuple
 
-from flowmq_kas3 import index, refs
-from flowmq_kas3._util import Clock, FaultHook, fault, key_component, running_task, wall_ms
-from flowmq_kas3.batcher import DEFAULT_INTENT_LEASE_MS
+from flowmq_commit import refs
+from flowmq_commit.batcher import DEFAULT_INTENT_LEASE_MS, key_component
+from flowmq_commit.clock import Clock
+from flowmq_commit.tasks import FaultHook, fault, running_task
+from flowmq_core.message import now_ms
+from flowmq_kas3 import index
 from flowmq_kas3.errors import CompactionConflict
 from flowmq_kas3.index import ChunkEntry, Partition
 from flowmq_kas3.reader import read_chunks
@@ -75,7 +78,7 @@ async def compact_partition(
     target_bytes: int = DEFAULT_TARGET_BYTES,
     min_chunks: int = 2,
     key_prefix: str = "compacted",
-    clock: Clock = wall_ms,
+    clock: Clock = now_ms,
     grace_ms: int = DEFAULT_DELETE_GRACE_MS,
     intent_lease_ms: int = DEFAULT_INTENT_LEASE_MS,
     faults: FaultHook | None = None,

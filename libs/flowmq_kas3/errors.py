@@ -37,18 +37,6 @@ class OffsetOutOfRange(Kas3Error):
         self.high_watermark = high_watermark
 
 
-class IntentLost(Kas3Error):
-    """The to-delete entry that protected a freshly written object was claimed by GC or has
-    expired, so committing index entries to that object could leave them dangling.  The
-    write is failed (nothing acknowledged) and retried under a new object key."""
-
-    code = "kas3_intent_lost"
-
-
-class BatcherClosed(Kas3Error):
-    code = "kas3_batcher_closed"
-
-
 class CompactionConflict(Kas3Error):
     """The index changed under a compaction run (retention or another compactor); the run is
     abandoned and its new object scheduled for deletion."""
@@ -57,9 +45,7 @@ class CompactionConflict(Kas3Error):
 
 
 __all__ = [
-    "BatcherClosed",
     "CompactionConflict",
-    "IntentLost",
     "InvalidRecordBatch",
     "Kas3Error",
     "OffsetOutOfRange",

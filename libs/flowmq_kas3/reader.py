@@ -46,6 +46,6 @@ async def read_chunks(
                 if len(piece) != e.size:
                     raise ObjectNotFound(f"object {e.object_key!r} is shorter than indexed")
                 if cache is not None:
-                    cache.put((e.object_key, e.start, e.end), piece)
+                    cache.put((e.object_key, e.start, e.end), piece, len(piece))
                 data[i] = piece
     return [(e.base_offset, d) for e, d in zip(entries, data, strict=True)]  # type: ignore[misc]

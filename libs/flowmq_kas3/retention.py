@@ -3,8 +3,8 @@
 Chunks go strictly from the start of the log (the log start offset only moves forward), each
 page in one transaction that clears the index entries, subtracts their bytes from the
 partition total and drops their objects' references — objects left unreferenced are listed
-for deletion in that same transaction (``refs.unref``), and ``gc.collect_garbage`` deletes
-them later.
+for deletion in that same transaction (``flowmq_commit.refs.unref``), and
+``flowmq_commit.gc.collect_garbage`` deletes them later.
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import collections
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from flowmq_kas3 import index, refs
-from flowmq_kas3._util import Clock, FaultHook, fault, running_task, wall_ms
+from flowmq_commit import refs
+from flowmq_commit.clock import Clock
+from flowmq_commit.tasks import FaultHook, fault, running_task
+from flowmq_core.message import now_ms
+from flowmq_kas3 import index
 from flowmq_kas3.index import ChunkEntry, Partition
 from flowmq_meta import MetaStore, Transaction, decode_int
 
@@ -53,7 +56,7 @@ async def apply_retention(
     partition: int,
     policy: RetentionPolicy,
     *,
-    clock: Clock = wall_ms,
+    clock: Clock = now_ms,
     grace_ms: int = DEFAULT_DELETE_GRACE_MS,
     page: int = DEFAULT_PAGE,
     faults: FaultHook | None = None,
@@ -102,7 +105,7 @@ async def delete_partition(
     stream: str,
     partition: int,
     *,
-    clock: Clock = wall_ms,
+    clock: Clock = now_ms,
     grace_ms: int = DEFAULT_DELETE_GRACE_MS,
     page: int = DEFAULT_PAGE,
 ) -> int:

@@ -13,9 +13,9 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from flowmq_commit.batcher import GroupCommit, GroupCommitBatcher
+from flowmq_commit.tasks import running_task
 from flowmq_kas3 import index
-from flowmq_kas3._util import running_task
-from flowmq_kas3.batcher import GroupCommit, GroupCommitBatcher
 from flowmq_kas3.errors import OffsetOutOfRange
 from flowmq_kas3.index import ChunkEntry, Partition
 from flowmq_kas3.page_cache import PageCache
@@ -130,7 +130,7 @@ class StreamStore:
         that has already walked the batches (the Kafka adapter checks their CRCs)."""
         if summary is None:
             summary = summarize(records)
-        return self.batcher.submit_grouped(
+        return self.batcher.submit(
             (ns, stream, partition),
             records,
             self._commit,
@@ -159,7 +159,7 @@ class StreamStore:
         return list(await asyncio.gather(*futures, return_exceptions=return_exceptions))
 
     def _committed(self, p: Partition, location: tuple[str, int, int], data: bytes) -> None:
-        self.page_cache.put(location, data)
+        self.page_cache.put(location, data, len(data))
         waiters = self._waiters.pop(p, None)
         if waiters:
             for fut in waiters:

@@ -4,41 +4,22 @@ GETs for the rest (messages enqueued by other brokers, or evicted)."""
 
 from __future__ import annotations
 
-import collections
-
+from flowmq_commit.cache import ByteLRU
 from flowmq_core.message import Message
 from flowmq_objstore import ObjectStore
 from flowmq_queue.codec import decode_message
 from flowmq_queue.entries import Run
 
-DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 _ENTRY_OVERHEAD = 256  # a Message object and its dict entry, roughly
 
 Location = tuple[str, int]  # (object key, byte offset)
 
 
-class BodyCache:
-    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.size = 0
-        self.hits = 0
-        self.misses = 0
-        self._entries: collections.OrderedDict[Location, tuple[Message, int]] = (
-            collections.OrderedDict()
-        )
+class BodyCache(ByteLRU[Location, Message]):
+    """``put(location, message, stored size)``; a hit does not refresh the entry: a body is
+    read when claimed and dropped when acknowledged."""
 
-    def put(self, location: Location, message: Message, size: int) -> None:
-        cost = size + _ENTRY_OVERHEAD
-        if cost > self.max_bytes:
-            return
-        old = self._entries.pop(location, None)
-        if old is not None:
-            self.size -= old[1]
-        self._entries[location] = (message, cost)
-        self.size += cost
-        while self.size > self.max_bytes:
-            _, (_, evicted) = self._entries.popitem(last=False)
-            self.size -= evicted
+    entry_overhead = _ENTRY_OVERHEAD
 
     def get(self, location: Location) -> Message | None:
         hit = self._entries.get(location)
@@ -47,14 +28,6 @@ class BodyCache:
             return None
         self.hits += 1
         return hit[0]
-
-    def discard(self, location: Location) -> None:
-        old = self._entries.pop(location, None)
-        if old is not None:
-            self.size -= old[1]
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 async def load_run(objects: ObjectStore, cache: BodyCache, run: Run) -> list[Message]:

@@ -7,8 +7,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from flowmq_commit.batcher import GroupCommit
 from flowmq_core.message import Message
-from flowmq_kas3.batcher import GroupCommit
 from flowmq_meta import Transaction, decode_int, encode_int
 from flowmq_queue.entries import Run
 from flowmq_queue.index import BYTES, SEQ, Delta, QueueOptions, append_runs, next_seq, stat_key

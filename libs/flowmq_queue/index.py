@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from flowmq_kas3 import refs
+from flowmq_commit import refs
 from flowmq_meta import Transaction, decode_int
 from flowmq_meta.catalog import DEFAULT_QUEUE_MAX_RETRIES, DEFAULT_QUEUE_SHARDS, Destination
 from flowmq_meta.keys import QUEUE_DEAD, QUEUE_INFLIGHT, QUEUE_READY, QUEUE_STATS

@@ -12,10 +12,10 @@ import logging
 from typing import Any
 
 from flowmq_broker.routing import Binding, DestinationType, Router
+from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_core.errors import NotFound
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
-from flowmq_kas3.batcher import GroupCommitBatcher
 from flowmq_meta import keys
 from flowmq_meta.api import MetaStore
 from flowmq_meta.catalog import QUEUE, Catalog, Destination

@@ -27,13 +27,13 @@ from flowmq_broker.services import BrokerServices
 from flowmq_broker.streams import StreamDestinationType
 from flowmq_cluster import ClusterSecret, Gossip, GossipConfig, Member, Status
 from flowmq_cluster.auth import check_bind
+from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_core.config import BrokerConfig, ConfigError
 from flowmq_core.limits import MAX_TOPIC_BYTES
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_jobs.stream_maintenance import INTERVAL_S as STREAM_MAINTENANCE_INTERVAL_S
 from flowmq_jobs.stream_maintenance import StreamMaintenance
-from flowmq_kas3.batcher import GroupCommitBatcher
 from flowmq_kas3.page_cache import PageCache
 from flowmq_kas3.store import StreamStore
 from flowmq_meta import open_meta_store

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from flowmq_commit.gc import collect_garbage
 from flowmq_kas3.compaction import compact_partition
-from flowmq_kas3.gc import collect_garbage
 from flowmq_kas3.retention import RetentionPolicy, apply_retention, delete_partition
 from flowmq_meta import keys
 from flowmq_meta.api import MetaStore

@@ -11,7 +11,7 @@ from typing import Any
 
 from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_core.message import Message
-from flowmq_queue.engine import DEFAULT_WINDOW
+from flowmq_queue.consumers import DEFAULT_WINDOW
 
 SUBSCRIPTION = "amqp-subscription"
 # Messages kept for a queue whose consumers have no credit; beyond it the oldest are dropped

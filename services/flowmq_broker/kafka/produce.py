@@ -22,6 +22,7 @@ from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.idempotence import ProducerBatch, StateKey, Verdict, producer_batch
 from flowmq_broker.kafka.topics import TopicError, partition_count
 from flowmq_broker.routing import Binding
+from flowmq_commit.errors import CommitError
 from flowmq_core.errors import FlowMQError
 from flowmq_core.mapping import kafka_to_canonical
 from flowmq_core.message import Message
@@ -276,7 +277,7 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
                 fut = streams.append_nowait(
                     ns, name, part.index, part.records, on_commit=hook, summary=part.summary
                 )
-            except Kas3Error as exc:
+            except (Kas3Error, CommitError) as exc:  # e.g. BatcherClosed
                 part.fail(ErrorCode.KAFKA_STORAGE_ERROR, str(exc))
                 if track is not None:
                     failed: asyncio.Future[int] = asyncio.get_running_loop().create_future()

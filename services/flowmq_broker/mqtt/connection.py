@@ -23,7 +23,6 @@ from flowmq_broker.mqtt.session import (
     Session,
     Subscription,
     delivery_extra,
-    now_ms,
     session_enqueue,
 )
 from flowmq_broker.routing import DestinationUnavailable
@@ -34,7 +33,7 @@ from flowmq_core.limits import (
     exceeded_topic_limit,
     utf8_size,
 )
-from flowmq_core.message import Message
+from flowmq_core.message import Message, now_ms
 from flowmq_core.topics import parse_shared, validate_subscription_filter
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_wire.mqtt import reason_codes as rc

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import time
 from typing import Any, Protocol
 
 from flowmq_broker.mqtt.metrics import mqtt_metrics
@@ -211,8 +210,3 @@ def session_enqueue(
         session.queue.popleft()
         mqtt_metrics(session.namespace).dropped.inc()
     session.queue.append((message, qos, retain, delivery_extra(identifiers, shared)))
-
-
-def now_ms() -> int:
-    """Wall-clock milliseconds, the unit of ``Message.expiry_ms``."""
-    return int(time.time() * 1000)

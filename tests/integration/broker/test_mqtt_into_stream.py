@@ -10,7 +10,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from flowmq_kas3.batcher import GroupCommitBatcher
+from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_kas3.records import decode_batches
 from flowmq_kas3.store import StreamStore
 from flowmq_meta import open_meta_store

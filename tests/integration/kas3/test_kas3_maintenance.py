@@ -10,20 +10,19 @@ from pathlib import Path
 
 import pytest
 
+from flowmq_commit import GroupCommitBatcher, collect_garbage
+from flowmq_commit.refs import ABANDON_GRACE_MS, decode_listing
 from flowmq_kas3 import (
-    GroupCommitBatcher,
     OffsetOutOfRange,
     PageCache,
     RetentionPolicy,
     StreamStore,
     apply_retention,
-    collect_garbage,
     compact_partition,
     decode_batches,
     delete_partition,
 )
 from flowmq_kas3.index import decode_entry
-from flowmq_kas3.refs import ABANDON_GRACE_MS, decode_listing
 from flowmq_meta import MetaStore, decode_int, open_meta_store
 from flowmq_meta.keys import OBJECT_REFS, OBJECTS_TO_DELETE, STREAM_INDEX
 from flowmq_objstore import ObjectStore, open_object_store

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from flowmq_commit import GroupCommitBatcher
 from flowmq_kas3 import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     TOPIC_HEADER,
-    GroupCommitBatcher,
     InvalidRecordBatch,
     OffsetOutOfRange,
     PageCache,

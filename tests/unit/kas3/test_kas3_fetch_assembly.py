@@ -14,13 +14,13 @@ def batch(n: int, tag: str) -> bytes:
 
 def test_page_cache_is_a_byte_bounded_lru() -> None:
     cache = PageCache(max_bytes=100)
-    cache.put(("a", 0, 40), b"a" * 40)
-    cache.put(("b", 0, 40), b"b" * 40)
+    cache.put(("a", 0, 40), b"a" * 40, 40)
+    cache.put(("b", 0, 40), b"b" * 40, 40)
     assert cache.get(("a", 0, 40)) is not None  # a is now the most recent
-    cache.put(("c", 0, 40), b"c" * 40)  # evicts b
+    cache.put(("c", 0, 40), b"c" * 40, 40)  # evicts b
     assert cache.get(("b", 0, 40)) is None
     assert cache.size == 80 and len(cache) == 2
-    cache.put(("huge", 0, 101), b"x" * 101)  # larger than the cache: not kept
+    cache.put(("huge", 0, 101), b"x" * 101, 101)  # larger than the cache: not kept
     assert cache.get(("huge", 0, 101)) is None and cache.size == 80
 
 
@@ -28,7 +28,7 @@ def test_page_cache_counts_hits_and_misses_in_metrics() -> None:
     cache = PageCache(1000)
     hits, misses = kas3_page_cache_hit_count.value(), kas3_page_cache_miss_count.value()
     cache.get(("x", 0, 1))
-    cache.put(("x", 0, 1), b"x")
+    cache.put(("x", 0, 1), b"x", 1)
     cache.get(("x", 0, 1))
     assert (cache.hits, cache.misses) == (1, 1)
     assert kas3_page_cache_hit_count.value() - hits == 1

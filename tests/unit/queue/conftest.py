@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from flowmq_commit import GroupCommitBatcher
 from flowmq_core.message import Message
-from flowmq_kas3 import GroupCommitBatcher
 from flowmq_meta import open_meta_store
 from flowmq_objstore import open_object_store
 from flowmq_queue import Delivery, QueueEngine, QueueOptions
@@ -57,7 +57,7 @@ class Env:
         """Let pending rounds run to completion."""
         for _ in range(20):
             await asyncio.sleep(0.01)
-            if not self.engine._ops and not self.engine._dead_done:
+            if not self.engine.claims.pending():
                 break
         await asyncio.sleep(0.02)
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from flowmq_commit import collect_garbage
 from flowmq_core.message import Message
-from flowmq_kas3 import collect_garbage
 from flowmq_meta.keys import OBJECT_REFS, QUEUE_INFLIGHT, QUEUE_READY
 from flowmq_queue import QueueEngine, QueueFull, QueueOptions
 
@@ -281,5 +281,5 @@ async def test_batched_rounds_keep_transactions_per_message_low(env) -> None:
             acked += 1
     await asyncio.gather(*futures)
     await env.settle()
-    transactions = env.batcher.stats.flushes + env.engine.rounds
+    transactions = env.batcher.stats.flushes + env.engine.claims.rounds
     assert transactions / n <= 0.05

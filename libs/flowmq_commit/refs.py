@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import fdb.tuple as fdbtuple
 
-from flowmq_kas3.errors import IntentLost
+from flowmq_commit.errors import IntentLost
 from flowmq_meta import Transaction, decode_int, encode_int
 from flowmq_meta.keys import OBJECT_REFS, OBJECTS_TO_DELETE
 

@@ -9,26 +9,43 @@ from typing import Any
 
 import pytest
 
-from flowmq_kas3 import GroupCommit, GroupCommitBatcher, IntentLost, WithRefs, collect_garbage
-from flowmq_kas3.refs import ABANDON_GRACE_MS, INTENT, decode_listing, ref_count
+from flowmq_commit import GroupCommit, GroupCommitBatcher, IntentLost, collect_garbage
+from flowmq_commit.refs import ABANDON_GRACE_MS, INTENT, decode_listing, ref_count
 from flowmq_meta import MetaError, Transaction
 from flowmq_meta.keys import OBJECT_REFS, OBJECTS_TO_DELETE, SETTINGS
 from flowmq_objstore import ObjectStoreError
-
-from .conftest import CountingMetaStore, CountingObjectStore
+from tests.fixtures.counting import CountingMetaStore, CountingObjectStore
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def recording_commit(tag: str):
-    """A commit that writes one key naming where its bytes went (as a queue's ready entry
-    would) and returns that location."""
+class Recording(GroupCommit):
+    """Writes one key per chunk, named by the chunk's ``ctx``, saying where its bytes went
+    (as a queue's ready entry would) and returns that location: one entry per chunk."""
 
-    def commit(tr: Transaction, key: str, start: int, end: int) -> tuple[str, int, int]:
-        tr.set(SETTINGS.pack("test", tag), f"{key}|{start}|{end}".encode())
-        return key, start, end
+    def commit(
+        self, tr: Transaction, group: Any, object_key: str, chunks: list[tuple[int, int, Any]]
+    ) -> tuple[list[tuple[str, int, int]], int]:
+        results = []
+        for start, end, tag in chunks:
+            tr.set(SETTINGS.pack("test", tag), f"{object_key}|{start}|{end}".encode())
+            results.append((object_key, start, end))
+        return results, len(chunks)
 
-    return commit
+
+RECORDING = Recording()
+
+
+class Fixed(GroupCommit):
+    """Returns the object key for every chunk and says it wrote ``refs`` entries."""
+
+    def __init__(self, refs: int) -> None:
+        self.refs = refs
+
+    def commit(
+        self, tr: Transaction, group: Any, object_key: str, chunks: list[tuple[int, int, Any]]
+    ) -> tuple[list[str], int]:
+        return [object_key] * len(chunks), self.refs
 
 
 async def read_setting(meta: CountingMetaStore, tag: str) -> bytes | None:
@@ -45,13 +62,42 @@ async def started_batcher(
     return batcher
 
 
+async def flushed_alone(batcher: GroupCommitBatcher, tag: str) -> str:
+    """Submit one chunk, flush it, and return the object it went to."""
+    fut = batcher.submit("g", tag.encode(), RECORDING, tag)
+    await batcher.flush()
+    return fut.result()[0]
+
+
+async def assert_flush_fails(
+    batcher: GroupCommitBatcher, meta: CountingMetaStore, error: type[Exception]
+) -> None:
+    """A flush of chunks of several groups fails every one with ``error``; none is indexed."""
+    futures = [batcher.submit(i % 3, b"data", RECORDING, f"f{i}") for i in range(9)]
+    await batcher.flush()
+    for f in futures:
+        with pytest.raises(error):
+            f.result()
+    for i in range(9):
+        assert await read_setting(meta, f"f{i}") is None
+
+
+async def objects_after_grace(
+    meta: CountingMetaStore, objects: CountingObjectStore, now: list[int]
+) -> list[str]:
+    """The objects left once abandoned ones are past their grace and GC has run."""
+    now[0] += ABANDON_GRACE_MS
+    await collect_garbage(meta, objects, clock=lambda: now[0])
+    return await objects.list()
+
+
 async def test_one_put_and_one_transaction_per_flush_for_many_groups(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
     batcher = await started_batcher(meta, objects)
     puts, txns = objects.puts, meta.transactions
     futures = [
-        batcher.submit(("ns", f"s{g % 50}", g % 7), f"chunk-{g}".encode(), recording_commit(str(g)))
+        batcher.submit(("ns", f"s{g % 50}", g % 7), f"chunk-{g}".encode(), RECORDING, str(g))
         for g in range(400)
     ]
     await batcher.flush()
@@ -84,7 +130,7 @@ async def test_flushes_under_load_cost_one_put_and_one_transaction_each(
 
     async def producer(n: int) -> None:
         for i in range(30):
-            await batcher.write(n % 12, b"x" * 4096, recording_commit(f"{n}-{i}"))
+            await batcher.submit(n % 12, b"x" * 4096, RECORDING, f"{n}-{i}")
 
     await asyncio.gather(*(producer(n) for n in range(24)))
     assert batcher.stats.flushes >= 2
@@ -98,11 +144,11 @@ async def test_flush_by_size_does_not_wait_for_the_interval(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
     batcher = await started_batcher(meta, objects, size_threshold=10_000)
-    small = batcher.submit("g", b"a" * 4000, recording_commit("a"))
+    small = batcher.submit("g", b"a" * 4000, RECORDING, "a")
     await asyncio.sleep(0.05)  # gives a wrongly eager batcher the chance to flush early
     assert not small.done() and batcher.stats.flushes == 0
-    second = batcher.submit("g", b"b" * 4000, recording_commit("b"))
-    third = batcher.submit("g", b"c" * 4000, recording_commit("c"))
+    second = batcher.submit("g", b"b" * 4000, RECORDING, "b")
+    third = batcher.submit("g", b"c" * 4000, RECORDING, "c")
     await asyncio.wait_for(asyncio.gather(small, second, third), 5)
     assert batcher.stats.flushes == 1
     await batcher.close()
@@ -114,7 +160,7 @@ async def test_flush_by_time_when_below_the_size_threshold(
     interval = 0.05
     batcher = await started_batcher(meta, objects, flush_interval=interval)
     started = time.monotonic()
-    await asyncio.wait_for(batcher.write("g", b"tiny", recording_commit("t")), 5)
+    await asyncio.wait_for(batcher.submit("g", b"tiny", RECORDING, "t"), 5)
     assert time.monotonic() - started >= interval * 0.9
     assert batcher.stats.flushes == 1
     await batcher.close()
@@ -126,11 +172,9 @@ async def test_items_arriving_during_a_flush_wait_for_the_next(
     batcher = await started_batcher(meta, objects, flush_interval=0.001)
     gate = asyncio.Event()
     objects.put_gate = gate
-    first = batcher.submit("g", b"first", recording_commit("first"))
+    first = batcher.submit("g", b"first", RECORDING, "first")
     await objects.put_waiting.wait()
-    later = [
-        batcher.submit("g", f"later-{i}".encode(), recording_commit(f"l{i}")) for i in range(5)
-    ]
+    later = [batcher.submit("g", f"later-{i}".encode(), RECORDING, f"l{i}") for i in range(5)]
     gate.set()
     objects.put_gate = None
     key1 = (await first)[0]
@@ -147,17 +191,9 @@ async def test_failed_put_fails_every_waiter_and_acknowledges_nothing(
 ) -> None:
     batcher = await started_batcher(meta, objects)
     objects.fail_puts = 1
-    futures = [batcher.submit(i % 3, b"data", recording_commit(f"f{i}")) for i in range(9)]
-    await batcher.flush()
-    for f in futures:
-        with pytest.raises(ObjectStoreError):
-            f.result()
-    for i in range(9):
-        assert await read_setting(meta, f"f{i}") is None
+    await assert_flush_fails(batcher, meta, ObjectStoreError)
     # the batcher recovers: the next flush works
-    ok = batcher.submit("g", b"ok", recording_commit("ok"))
-    await batcher.flush()
-    assert ok.result()[0]
+    assert await flushed_alone(batcher, "ok")
     await batcher.close()
 
 
@@ -167,26 +203,16 @@ async def test_failed_transaction_fails_every_waiter_and_leaves_no_orphan(
     now = [1_000_000_000]
     batcher = await started_batcher(meta, objects, clock=lambda: now[0])
     meta.fail_transactions = 1
-    futures = [batcher.submit(i % 3, b"data", recording_commit(f"f{i}")) for i in range(9)]
-    await batcher.flush()
-    for f in futures:
-        with pytest.raises(MetaError):
-            f.result()
-    for i in range(9):
-        assert await read_setting(meta, f"f{i}") is None
+    await assert_flush_fails(batcher, meta, MetaError)
     [orphan] = await objects.list()
     # the object whose commit failed is still listed (as the intent it was written under)
     assert await meta.inner.get(OBJECTS_TO_DELETE.pack(orphan)) is not None
-    next_flush = batcher.submit("g", b"ok", recording_commit("ok"))
-    await batcher.flush()
-    ok = next_flush.result()
-    assert ok[0] != orphan
+    ok = await flushed_alone(batcher, "ok")
+    assert ok != orphan
     # ... and the next flush handed it to GC, which deletes it after a grace period
     await collect_garbage(meta, objects, clock=lambda: now[0])
     assert orphan in await objects.list()
-    now[0] += ABANDON_GRACE_MS
-    await collect_garbage(meta, objects, clock=lambda: now[0])
-    assert await objects.list() == [ok[0]]
+    assert await objects_after_grace(meta, objects, now) == [ok]
     await batcher.close()
 
 
@@ -195,11 +221,12 @@ async def test_a_commit_raising_fails_the_whole_flush(
 ) -> None:
     batcher = await started_batcher(meta, objects)
 
-    def bad(tr: Transaction, key: str, start: int, end: int) -> None:
-        raise ValueError("rejected")
+    class Refusing(GroupCommit):
+        def commit(self, tr, group, object_key, chunks):
+            raise ValueError("rejected")
 
-    good = batcher.submit("a", b"1", recording_commit("good"))
-    failing = batcher.submit("b", b"2", bad)
+    good = batcher.submit("a", b"1", RECORDING, "good")
+    failing = batcher.submit("b", b"2", Refusing())
     await batcher.flush()
     with pytest.raises(ValueError):
         failing.result()
@@ -214,19 +241,14 @@ async def test_refs_follow_what_commits_report(
 ) -> None:
     batcher = await started_batcher(meta, objects)
 
-    def commit_declining(tr: Transaction, key: str, start: int, end: int) -> WithRefs:
-        return WithRefs(key, 0)  # e.g. a duplicate the commit chose not to index
-
-    def commit_three(tr: Transaction, key: str, start: int, end: int) -> str:
-        return key
-
-    a = batcher.submit("q", b"abc", commit_three, refs=3)
-    b = batcher.submit("q", b"def", commit_declining)
+    declining = Fixed(0)  # e.g. a duplicate the commit chose not to index
+    a = batcher.submit("q", b"abc", Fixed(3))
+    b = batcher.submit("q", b"def", declining)
     await batcher.flush()
     key = a.result()
     assert await meta.inner.transact(lambda tr: ref_count(tr, key)) == 3
     # an object nobody indexed goes straight to the to-delete list
-    only = batcher.submit("q", b"dup", commit_declining)
+    only = batcher.submit("q", b"dup", declining)
     await batcher.flush()
     assert await meta.inner.get(OBJECTS_TO_DELETE.pack(only.result())) is not None
     assert await meta.inner.get(OBJECT_REFS.pack(only.result())) is None
@@ -243,7 +265,7 @@ async def test_a_claimed_intent_fails_the_flush(
     batcher = await started_batcher(meta, objects, clock=lambda: now[0])
     gate = asyncio.Event()
     objects.put_gate = gate
-    fut = batcher.submit("g", b"data", recording_commit("x"))
+    fut = batcher.submit("g", b"data", RECORDING, "x")
     flushing = asyncio.ensure_future(batcher.flush())
     await objects.put_waiting.wait()
     now[0] += batcher.intent_lease_ms + 1
@@ -253,13 +275,9 @@ async def test_a_claimed_intent_fails_the_flush(
     with pytest.raises(IntentLost):
         fut.result()
     objects.put_gate = None
-    retry = batcher.submit("g", b"again", recording_commit("y"))
-    await batcher.flush()
-    again = retry.result()
+    again = await flushed_alone(batcher, "again")
     # the object written under the lost intent was listed again, and GC removes it
-    now[0] += ABANDON_GRACE_MS
-    await collect_garbage(meta, objects, clock=lambda: now[0])
-    assert await objects.list() == [again[0]]
+    assert await objects_after_grace(meta, objects, now) == [again]
     await batcher.close()
 
 
@@ -267,7 +285,7 @@ async def test_close_flushes_pending_and_releases_the_unused_intent(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
     batcher = await started_batcher(meta, objects)
-    fut = batcher.submit("g", b"data", recording_commit("c"))
+    fut = batcher.submit("g", b"data", RECORDING, "c")
     await batcher.close()
     assert fut.result()
     listed = await meta.inner.transact(lambda tr: tr.get_range(*OBJECTS_TO_DELETE.range()))
@@ -295,12 +313,12 @@ async def test_group_commit_is_called_once_per_group_per_flush(
 ) -> None:
     batcher = await started_batcher(meta, objects)
     gc = RecordingGroupCommit()
-    futures = [batcher.submit_grouped(f"g{i % 3}", f"<{i}>".encode(), gc, ctx=i) for i in range(9)]
-    plain = batcher.submit("g0", b"<plain>", recording_commit("plain"))
+    futures = [batcher.submit(f"g{i % 3}", f"<{i}>".encode(), gc, ctx=i) for i in range(9)]
+    other = batcher.submit("g0", b"<other>", RECORDING, "other")  # another commit: its own run
     await batcher.flush()
     assert [f.result() for f in futures] == list(range(9))
     assert sorted(g for g, _, _ in gc.calls) == ["g0", "g1", "g2"]
-    key = plain.result()[0]
+    key = other.result()[0]
     body = await objects.get(key)
     for _, _, chunks in gc.calls:
         assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:], strict=False))  # adjacent
@@ -310,8 +328,41 @@ async def test_group_commit_is_called_once_per_group_per_flush(
     for group, results, start, end, data in gc.after:
         assert data == body[start:end]
         assert results == [i for i in range(9) if f"g{i % 3}" == group]
-    # 3 group entries + 1 plain entry point into the object
+    # 3 group entries + 1 entry of the other commit point into the object
     assert await meta.inner.transact(lambda tr: ref_count(tr, key)) == 4
+    await batcher.close()
+
+
+async def test_a_zero_byte_chunk_rides_the_flush_transaction(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    """As a queue's claim round does: its commit runs in the flush's transaction and sees
+    the flush's object key, and the object holds only the other chunks' bytes."""
+    batcher = await started_batcher(meta, objects)
+    txns = meta.transactions
+    data = batcher.submit("g", b"data", RECORDING, "data")
+    rider = batcher.submit(("round",), b"", Fixed(0))
+    await batcher.flush()
+    key = data.result()[0]
+    assert rider.result() == key
+    assert meta.transactions - txns == 1
+    assert await objects.get(key) == b"data"
+    assert await meta.inner.transact(lambda tr: ref_count(tr, key)) == 1
+    await batcher.close()
+
+
+async def test_a_commit_returning_the_wrong_number_of_results_fails_the_flush(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    class Short(GroupCommit):
+        def commit(self, tr, group, object_key, chunks):
+            return [], 0
+
+    batcher = await started_batcher(meta, objects)
+    fut = batcher.submit("g", b"data", Short())
+    await batcher.flush()
+    with pytest.raises(ValueError):
+        fut.result()
     await batcher.close()
 
 
@@ -321,7 +372,7 @@ async def test_a_flush_after_a_long_idle_period_renews_the_intent_first(
     now = [1_000_000_000]
     batcher = await started_batcher(meta, objects, clock=lambda: now[0])
     now[0] += batcher.intent_lease_ms  # the first intent has expired meanwhile
-    fut = batcher.submit("g", b"late", recording_commit("late"))
+    fut = batcher.submit("g", b"late", RECORDING, "late")
     await batcher.flush()
     assert fut.result()
     assert batcher.stats.intent_transactions == 2
@@ -329,7 +380,7 @@ async def test_a_flush_after_a_long_idle_period_renews_the_intent_first(
 
 
 def test_default_flush_interval_depends_on_the_object_store(tmp_path) -> None:
-    from flowmq_kas3 import default_flush_interval
+    from flowmq_commit import default_flush_interval
     from flowmq_objstore import FileObjectStore, S3ObjectStore
 
     assert default_flush_interval(FileObjectStore(tmp_path)) <= 0.005

@@ -1,11 +1,14 @@
 """The per-broker group-commit writer shared by Streams and Queues (DESIGN.md §5).
 
-Callers submit ``(group, data, commit)``: ``data`` is one chunk (a produced record batch, a
-run of queue message bodies), ``group`` says which chunks belong together in the object
-(e.g. ``(ns, stream, partition)``), and ``commit(tr, object_key, start, end)`` is a
-synchronous function run inside the flush's meta transaction, where it writes whatever index
-entries point at ``data``'s byte range and returns the submitter's result (a base offset, a
-list of queue sequence numbers).
+Callers submit ``(group, data, commit, ctx)``: ``data`` is one chunk (a produced record
+set, a queue message body), ``group`` says which chunks belong together in the object (e.g.
+``(ns, stream, partition)``), ``commit`` is a ``GroupCommit`` and ``ctx`` whatever it needs to
+know about the chunk.  Consecutive chunks of a group submitted with the same ``commit`` form
+a *run*, adjacent in the object; ``commit.commit(tr, group, object_key, chunks)`` is called
+once per run inside the flush's meta transaction, writes the index entries pointing into the
+run's bytes (a stream: one entry per partition per flush, however many produce requests it
+merged; a queue: one ready entry) and returns each chunk's result and the number of entries
+it wrote.
 
 One flush = one object PUT holding every pending chunk (each group's chunks contiguous, in
 submission order) + one meta transaction calling every commit, registering the object's
@@ -13,12 +16,8 @@ reference count, and registering the write intent of the next flush's object (se
 ``refs.py``: that is what keeps a crash between PUT and commit from leaving an orphan without
 costing a second transaction per flush).  Only after that transaction commits are the
 submitters' futures resolved; if the PUT or the transaction fails, every submitter of that
-flush gets the exception and nothing of it is acknowledged.
-
-A caller that writes one index entry per group rather than per chunk (a stream writes one
-entry per partition per flush, however many produce requests it merged) submits with a
-``GroupCommit`` instead: it is called once per flush for all consecutive chunks of a group
-submitted with that same object, whose byte ranges are adjacent in the object.
+flush gets the exception and nothing of it is acknowledged.  A zero-byte chunk rides the
+next flush's transaction without adding to the object (a queue's claim round does that).
 
 Flush policy: while a flush is in flight, new chunks wait for the next one; a flush starts
 when the previous one is done and either the pending bytes reach ``size_threshold`` or the
@@ -33,31 +32,26 @@ import asyncio
 import collections
 import contextlib
 import logging
+import re
 import secrets
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-from flowmq_kas3 import refs
-from flowmq_kas3._util import Clock, FaultHook, fault, key_component, running_task, wall_ms
-from flowmq_kas3.errors import BatcherClosed
+from flowmq_commit import refs
+from flowmq_commit.clock import Clock
+from flowmq_commit.errors import BatcherClosed
+from flowmq_commit.tasks import FaultHook, fault, running_task
+from flowmq_core.message import now_ms
 from flowmq_meta import MetaStore, Transaction
 from flowmq_metrics import kas3_segment_size
 from flowmq_objstore import ObjectStore
 
-log = logging.getLogger("flowmq_kas3.batcher")
-
-CommitFn = Callable[[Transaction, str, int, int], Any]
-"""``commit(tr, object_key, start, end) -> result``, run inside the flush transaction (and
-rerun if the transaction retries, so it must only act through ``tr``)."""
-
-AfterCommit = Callable[[Any, str, int, int], None]
-"""``after(result, object_key, start, end)``: runs on the event loop once the flush has
-committed, before the submitter's future resolves (fills caches, wakes long polls)."""
+log = logging.getLogger(__name__)
 
 
 class GroupCommit(abc.ABC):
-    """Commit of a run of chunks of one group (see the module docstring)."""
+    """What a flush does for a run of chunks of one group (see the module docstring)."""
 
     @abc.abstractmethod
     def commit(
@@ -65,13 +59,14 @@ class GroupCommit(abc.ABC):
     ) -> tuple[list[Any], int]:
         """``chunks``: ``(start, end, ctx)`` per chunk, adjacent and in submission order.
         Returns each chunk's result and the number of index entries written pointing into
-        the object.  Runs inside the flush transaction, maybe more than once."""
+        the object.  Runs inside the flush transaction, maybe more than once (a retried
+        transaction), so it acts only through ``tr``."""
 
     def after_commit(  # noqa: B027 - optional hook
         self, group: Any, results: list[Any], object_key: str, start: int, end: int, data: bytes
     ) -> None:
-        """On the event loop once committed, before the futures resolve; ``data`` is the
-        run's bytes ``[start, end)`` of the object."""
+        """On the event loop once committed, before the futures resolve (fills caches,
+        wakes long polls); ``data`` is the run's bytes ``[start, end)`` of the object."""
 
 
 DEFAULT_SIZE_THRESHOLD = 4 * 1024 * 1024
@@ -82,17 +77,18 @@ DEFAULT_MAX_FLUSH_ITEMS = 10_000
 _RENEW_RETRY_S = 1.0
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def key_component(name: str) -> str:
+    """``name`` made safe as one object-key path component on every backend."""
+    cleaned = _UNSAFE.sub("_", name).strip(".") or "node"
+    return cleaned[:100]
+
+
 def default_flush_interval(objects: ObjectStore) -> float:
     scheme = "s3" if str(getattr(objects, "url", "")).startswith("s3:") else "file"
     return DEFAULT_FLUSH_INTERVAL[scheme]
-
-
-class WithRefs(NamedTuple):
-    """Returned by a commit that wrote a number of index entries other than the ``refs`` it
-    was submitted with (e.g. it dropped a duplicate); ``result`` goes to the submitter."""
-
-    result: Any
-    refs: int
 
 
 @dataclass
@@ -107,16 +103,14 @@ class BatcherStats:
 
 
 class _Item:
-    __slots__ = ("after", "born", "commit", "ctx", "data", "future", "group", "refs")
+    __slots__ = ("born", "commit", "ctx", "data", "future", "group")
 
     def __init__(
         self,
         group: Hashable,
         data: bytes,
-        commit: CommitFn | GroupCommit,
+        commit: GroupCommit,
         ctx: Any,
-        refs: int,
-        after: AfterCommit | None,
         future: asyncio.Future[Any],
         born: float,
     ) -> None:
@@ -124,22 +118,22 @@ class _Item:
         self.data = data
         self.commit = commit
         self.ctx = ctx
-        self.refs = refs
-        self.after = after
         self.future = future
         self.born = born
 
 
 class _Run:
-    """Chunks committed by one call: a single chunk with a plain commit, or consecutive
-    chunks of a group sharing one ``GroupCommit``."""
+    """Consecutive chunks of one group sharing one ``GroupCommit``: one ``commit`` call."""
 
-    __slots__ = ("end", "items", "start")
+    __slots__ = ("chunks", "commit", "end", "group", "items", "start")
 
-    def __init__(self, item: _Item, start: int) -> None:
+    def __init__(self, item: _Item, start: int, end: int) -> None:
+        self.group = item.group
+        self.commit = item.commit
         self.items = [item]
+        self.chunks: list[tuple[int, int, Any]] = [(start, end, item.ctx)]
         self.start = start
-        self.end = start + len(item.data)
+        self.end = end
 
 
 class GroupCommitBatcher:
@@ -155,7 +149,7 @@ class GroupCommitBatcher:
         max_flush_items: int = DEFAULT_MAX_FLUSH_ITEMS,
         intent_lease_ms: int = DEFAULT_INTENT_LEASE_MS,
         key_prefix: str = "segments",
-        clock: Clock = wall_ms,
+        clock: Clock = now_ms,
         faults: FaultHook | None = None,
     ) -> None:
         if size_threshold <= 0:
@@ -193,34 +187,10 @@ class GroupCommitBatcher:
     # -- submitting --------------------------------------------------------------------------
 
     def submit(
-        self,
-        group: Hashable,
-        data: bytes,
-        commit: CommitFn,
-        *,
-        refs: int = 1,
-        after_commit: AfterCommit | None = None,
-    ) -> asyncio.Future[Any]:
-        """Queue one chunk; the future resolves to ``commit``'s result once durable.
-        ``refs`` is how many index entries ``commit`` writes that point into the object."""
-        return self._submit(group, data, commit, None, refs, after_commit)
-
-    def submit_grouped(
         self, group: Hashable, data: bytes, commit: GroupCommit, ctx: Any = None
     ) -> asyncio.Future[Any]:
-        """Queue one chunk committed together with the group's other chunks by ``commit``
-        (``ctx`` is handed to it); the future resolves to this chunk's result."""
-        return self._submit(group, data, commit, ctx, 0, None)
-
-    def _submit(
-        self,
-        group: Hashable,
-        data: bytes,
-        commit: CommitFn | GroupCommit,
-        ctx: Any,
-        refs: int,
-        after: AfterCommit | None,
-    ) -> asyncio.Future[Any]:
+        """Queue one chunk, committed together with the group's other chunks by ``commit``
+        (``ctx`` is handed to it); the future resolves to this chunk's result once durable."""
         if self._closing:
             raise BatcherClosed("batcher is closed")
         task = self._task
@@ -232,7 +202,7 @@ class GroupCommitBatcher:
             # system call, which was 14 % of the event loop at one call per message.
             loop = task.get_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._pending.append(_Item(group, data, commit, ctx, refs, after, future, loop.time()))
+        self._pending.append(_Item(group, data, commit, ctx, future, loop.time()))
         self._pending_bytes += len(data)
         wakeup = self._wakeup
         if (
@@ -242,17 +212,6 @@ class GroupCommitBatcher:
         ):
             wakeup.set_result(None)
         return future
-
-    async def write(
-        self,
-        group: Hashable,
-        data: bytes,
-        commit: CommitFn,
-        *,
-        refs: int = 1,
-        after_commit: AfterCommit | None = None,
-    ) -> Any:
-        return await self.submit(group, data, commit, refs=refs, after_commit=after_commit)
 
     @property
     def pending_bytes(self) -> int:
@@ -450,29 +409,14 @@ class GroupCommitBatcher:
         results = []
         total_refs = 0
         for run in runs:
-            commit = run.items[0].commit
-            if isinstance(commit, GroupCommit):
-                chunks = []
-                pos = run.start
-                for item in run.items:
-                    chunks.append((pos, pos + len(item.data), item.ctx))
-                    pos += len(item.data)
-                run_results, n = commit.commit(tr, run.items[0].group, key, chunks)
-                if len(run_results) != len(chunks):
-                    raise ValueError(
-                        f"{commit!r} returned {len(run_results)} results for {len(chunks)} chunks"
-                    )
-                total_refs += n
-                results.append(run_results)
-                continue
-            item = run.items[0]
-            result = commit(tr, key, run.start, run.end)
-            if isinstance(result, WithRefs):
-                total_refs += result.refs
-                result = result.result
-            else:
-                total_refs += item.refs
-            results.append([result])
+            run_results, n = run.commit.commit(tr, run.group, key, run.chunks)
+            if len(run_results) != len(run.chunks):
+                raise ValueError(
+                    f"{run.commit!r} returned {len(run_results)} results"
+                    f" for {len(run.chunks)} chunks"
+                )
+            total_refs += n
+            results.append(run_results)
         refs.resolve_intent(tr, key, total_refs, now)
         refs.register_intent(tr, next_key, next_deadline, self.node_id)
         return results
@@ -490,30 +434,24 @@ def _layout(items: list[_Item]) -> tuple[list[_Run], bytes]:
     for group_items in by_group.values():
         previous: _Run | None = None
         for item in group_items:
-            if (
-                previous is not None
-                and isinstance(item.commit, GroupCommit)
-                and item.commit is previous.items[0].commit
-            ):
+            end = pos + len(item.data)
+            if previous is not None and item.commit is previous.commit:
                 previous.items.append(item)
-                previous.end += len(item.data)
+                previous.chunks.append((pos, end, item.ctx))
+                previous.end = end
             else:
-                previous = _Run(item, pos)
+                previous = _Run(item, pos, end)
                 runs.append(previous)
             parts.append(item.data)
-            pos += len(item.data)
+            pos = end
     return runs, b"".join(parts)
 
 
 def _after_commit(run: _Run, results: list[Any], key: str, body: bytes) -> None:
     try:
-        commit = run.items[0].commit
-        if isinstance(commit, GroupCommit):
-            # A copy, not a view of the body: a cached view would pin the whole object.
-            data = run.items[0].data if len(run.items) == 1 else body[run.start : run.end]
-            commit.after_commit(run.items[0].group, results, key, run.start, run.end, data)
-        elif run.items[0].after is not None:
-            run.items[0].after(results[0], key, run.start, run.end)
+        # A copy, not a view of the body: a cached view would pin the whole object.
+        data = run.items[0].data if len(run.items) == 1 else body[run.start : run.end]
+        run.commit.after_commit(run.group, results, key, run.start, run.end, data)
     except Exception:
         log.exception("kas3 after-commit callback failed")
 

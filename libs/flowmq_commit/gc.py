@@ -17,13 +17,15 @@ import asyncio
 import logging
 from typing import NamedTuple
 
-from flowmq_kas3 import refs
-from flowmq_kas3._util import Clock, FaultHook, fault, running_task, wall_ms
+from flowmq_commit import refs
+from flowmq_commit.clock import Clock
+from flowmq_commit.tasks import FaultHook, fault, running_task
+from flowmq_core.message import now_ms
 from flowmq_meta import MetaStore, Transaction
 from flowmq_meta.keys import OBJECTS_TO_DELETE
 from flowmq_objstore import ObjectStore
 
-log = logging.getLogger("flowmq_kas3.gc")
+log = logging.getLogger(__name__)
 
 DEFAULT_PAGE = 200
 DEFAULT_CONCURRENCY = 16
@@ -39,7 +41,7 @@ async def collect_garbage(
     meta: MetaStore,
     objects: ObjectStore,
     *,
-    clock: Clock = wall_ms,
+    clock: Clock = now_ms,
     page: int = DEFAULT_PAGE,
     concurrency: int = DEFAULT_CONCURRENCY,
     faults: FaultHook | None = None,

@@ -1,0 +1,511 @@
+"""Claim rounds: this broker's batched transactions for its queue consumers.
+
+Per-message calls (``settle`` for acks and rejections) never await and never start a
+transaction.  Acks, rejections, claims for every local consumer with credit, lease renewals
+and finished dead letters are gathered and applied in *rounds*: one meta transaction each,
+one at a time, group-commit style (while a round runs, new work waits for the next).  When
+the batcher is about to flush anyway, the round rides in the flush's transaction (a
+zero-byte chunk), so at steady state publishing, claiming and acknowledging cost one
+transaction per flush between them — and a claim in that transaction sees the messages the
+same flush enqueued.
+
+A round is four steps: ``_take`` the pending work as a ``Round`` (round_txn.py; its
+``work`` is the transaction), ``_commit`` it, then ``_apply_settled`` and ``_apply_claims`` turn the outcome
+into lease updates and deliveries; when the transaction fails, ``_restore`` puts the work
+back for the next round.  Nothing is acknowledged to a consumer or forgotten before its
+transaction has committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import flowmq_metrics as metrics
+from flowmq_commit.batcher import GroupCommitBatcher
+from flowmq_commit.clock import Clock
+from flowmq_core.periodic import PeriodicTask
+from flowmq_meta import MetaStore
+from flowmq_objstore import ObjectStore
+from flowmq_queue import index
+from flowmq_queue.bodies import BodyCache, load_run
+from flowmq_queue.consumers import MAX_AHEAD, Consumer, Delivery, Lease, LocalQueue
+from flowmq_queue.entries import Run
+from flowmq_queue.index import QueueOptions, Settle, Want
+from flowmq_queue.round_txn import ClaimPlan, Ops, Round, RoundCommit, RoundResult
+
+log = logging.getLogger("flowmq_queue")
+
+# Queues whose consumers wait without a watch are re-checked this often (watches can be lost).
+POLL_S = 1.0
+_RETRY_S = 0.2
+
+OptionsFn = Callable[[str, str], QueueOptions | None]
+PublishDeadFn = Callable[[str, str, bytes, Run], Awaitable[None]]
+"""``publish_dead(ns, queue, key, run)``: publish the dead letters of a run; calls
+``ClaimRounds.dead_letter_done`` once they are out."""
+
+
+class ClaimRounds:
+    """This broker's local consumers of queues and the rounds that claim and settle for
+    them (see the module docstring)."""
+
+    def __init__(
+        self,
+        meta: MetaStore,
+        objects: ObjectStore,
+        batcher: GroupCommitBatcher,
+        cache: BodyCache,
+        *,
+        options: OptionsFn,
+        publish_dead: PublishDeadFn,
+        holder: str,
+        lease_ms: int,
+        clock: Clock,
+        piggyback: bool,
+    ) -> None:
+        self.meta = meta
+        self.objects = objects
+        self.batcher = batcher
+        self.cache = cache
+        self.options = options
+        self.publish_dead = publish_dead
+        self.holder = holder
+        self.lease_ms = lease_ms
+        self.clock = clock
+        self.piggyback = piggyback
+        self.rounds = 0
+        self._queues: dict[tuple[str, str], LocalQueue] = {}
+        self._consumers: dict[str, Consumer] = {}
+        self._leases: dict[int, Lease] = {}
+        self._ops: dict[Lease, Ops] = {}
+        self._dead_done: list[tuple[str, str, bytes, Run]] = []
+        self._gets: list[Consumer] = []
+        self._claim_base = 0
+        self._round_commit = RoundCommit()
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._background: set[asyncio.Task[Any]] = set()
+        self._poll = PeriodicTask("queue-poll", POLL_S, self._poll_once)
+        self._renew = PeriodicTask("queue-renew", lease_ms / 4000, self._renew_due)
+
+    # --- life cycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._wakeup = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="queue-rounds")
+            self._poll.start()
+            self._renew.start()
+
+    async def close(self) -> None:
+        """Persist what is pending (acks, requeues of closed consumers), then stop."""
+        if self._closing:
+            return
+        self._closing = True
+        for consumer in list(self._consumers.values()):
+            consumer.active = False
+        await self._poll.stop()
+        await self._renew.stop()
+        self.kick()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, 10)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+        for task in list(self._background):
+            task.cancel()
+
+    def pending(self) -> bool:
+        """Settles or finished dead letters are waiting for a round."""
+        return bool(self._ops or self._dead_done)
+
+    def kick(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # --- consumers -------------------------------------------------------------------------
+
+    def add(self, consumer: Consumer) -> None:
+        self._consumers[consumer.cid] = consumer
+        lq = self._local(consumer.ns, consumer.queue)
+        lq.consumers.append(consumer)
+        lq.maybe_ready = True
+        self.start()
+        self.kick()
+
+    def add_get(self, consumer: Consumer) -> None:
+        """A Basic.Get: claimed for in the next round, answered through its future."""
+        self._consumers[consumer.cid] = consumer
+        self._gets.append(consumer)
+        self.start()
+        self.kick()
+
+    def cancel(self, consumer: Consumer) -> None:
+        consumer.active = False
+        lq = self._queues.get((consumer.ns, consumer.queue))
+        if lq is not None and consumer in lq.consumers:
+            lq.consumers.remove(consumer)
+        if consumer.buffer:
+            self.give_back(list(consumer.buffer))
+            consumer.buffer.clear()
+
+    def consumer_count(self, ns: str, queue: str) -> int:
+        lq = self._queues.get((ns, queue))
+        return 0 if lq is None else sum(1 for c in lq.consumers if c.active)
+
+    def forget(self, ns: str, queue: str) -> None:
+        """The queue is being deleted: stop its consumers, drop its leases and their ops."""
+        lq = self._queues.pop((ns, queue), None)
+        if lq is not None:
+            for c in lq.consumers:
+                c.active = False
+        for lease in list(self._leases.values()):
+            if (lease.ns, lease.queue) == (ns, queue):
+                lease.gone = True
+                self._leases.pop(id(lease), None)
+                self._ops.pop(lease, None)
+
+    def _local(self, ns: str, queue: str) -> LocalQueue:
+        lq = self._queues.get((ns, queue))
+        if lq is None:
+            lq = self._queues[(ns, queue)] = LocalQueue(ns, queue)
+        return lq
+
+    def mark_ready(self, ns: str, queue: str) -> None:
+        """Messages were committed to the queue (or returned to it): claim soon."""
+        lq = self._queues.get((ns, queue))
+        if lq is not None:
+            lq.maybe_ready = True
+            lq.dirty += 1
+            lq.fresh = True
+            if any(c.credit() for c in lq.consumers):
+                self.kick()
+
+    def pump_soon(self, consumer: Consumer) -> None:
+        """Deliver buffered messages once this loop iteration's acks are all counted."""
+        if consumer.buffer and not consumer.pump_scheduled:
+            consumer.pump_scheduled = True
+            # The rounds task's loop: ``get_running_loop()`` costs a getpid() system call.
+            loop = self._task.get_loop() if self._task is not None else asyncio.get_running_loop()
+            loop.call_soon(consumer.pump)
+
+    def settle(self, delivery: Delivery, what: str) -> None:
+        """Record an ack (``what`` ``"ack"``), requeue or dead-lettering for the next round."""
+        lease = delivery.lease
+        consumer = delivery.consumer
+        if consumer.get_future is None and consumer.unacked > 0:
+            consumer.unacked -= 1
+            if consumer.buffer:
+                self.pump_soon(consumer)
+            elif consumer.reserved and consumer.ahead < MAX_AHEAD:
+                # Starved: acked everything it had while a claim is still on its way.
+                consumer.ahead += 1
+        if lease is None or lease.gone:
+            return
+        ops = self._ops.get(lease)
+        if ops is None:
+            ops = self._ops[lease] = Ops()
+        getattr(ops, what).add(delivery.seq)
+        self.kick()
+
+    def give_back(self, deliveries: list[Delivery]) -> None:
+        """Claimed for a consumer that went away before delivery: back, attempt unchanged."""
+        for d in deliveries:
+            if d.lease is not None and not d.lease.gone:
+                self._ops.setdefault(d.lease, Ops()).release.add(d.seq)
+        self.kick()
+
+    def dead_letter_done(self, ns: str, queue: str, key: bytes, run: Run) -> None:
+        """The dead letters of ``run`` are published: the next round forgets them."""
+        self._dead_done.append((ns, queue, key, run))
+        self.kick()
+
+    # --- rounds ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            try:
+                while await self._round():
+                    pass
+            except Exception:
+                log.exception("queue round failed")
+                await asyncio.sleep(_RETRY_S)
+                self._wakeup.set()
+            if self._closing and not self._ops and not self._dead_done:
+                return
+
+    async def _round(self) -> bool:
+        """One transaction of pending work; False when there was none."""
+        round_ = self._take()
+        if round_ is None:
+            return False
+        try:
+            result = await self._commit(round_)
+        except Exception:
+            log.warning("queue round failed; retrying", exc_info=True)
+            self._restore(round_)
+            await asyncio.sleep(_RETRY_S)
+            return True
+        self.rounds += 1
+        self._apply_settled(result)
+        await self._apply_claims(result, round_.dirty)
+        for lq, watch in result.watches:
+            self._watch(lq, watch)
+        return True
+
+    def _take(self) -> Round | None:
+        """The pending work as one round (None: nothing to do)."""
+        now = self.clock()
+        lease_deadline = now + self.lease_ms
+        ops, self._ops = self._ops, {}
+        dead_done, self._dead_done = self._dead_done, []
+        settles = [
+            self._settle_entry(lease, o, lease_deadline if self._renewal_due(lease, now) else None)
+            for lease, o in ops.items()
+            if not lease.gone
+        ]
+        settles += [
+            self._settle_entry(lease, None, lease_deadline)
+            for lease in self._leases.values()
+            if lease not in ops and not lease.gone and self._renewal_due(lease, now)
+        ]
+        claims = [] if self._closing else self._collect_claims()
+        if not settles and not claims and not dead_done:
+            return None
+        base = self._claim_base
+        self._claim_base += 1_000_000
+        dirty = {id(lq): lq.dirty for lq, _, _, _ in claims}
+        return Round(now, lease_deadline, self.holder, base, ops, dead_done, settles, claims, dirty)
+
+    async def _commit(self, round_: Round) -> RoundResult:
+        # Claims of freshly committed messages go at once (latency); everything else rides
+        # the next flush when one is coming anyway (transactions).
+        urgent = any(lq.fresh for lq, _, _, _ in round_.claims)
+        for lq, _, _, _ in round_.claims:
+            lq.fresh = False
+        if self.piggyback and not urgent and self.batcher.pending_bytes > 0:
+            return await self.batcher.submit(("queue-round",), b"", self._round_commit, round_)
+        return await self.meta.transact(round_.work)
+
+    def _restore(self, round_: Round) -> None:
+        """The round's transaction failed: its work waits for the next one."""
+        for lease, o in round_.ops.items():
+            self._ops.setdefault(lease, Ops()).merge(o)
+        self._dead_done.extend(round_.dead_done)
+        for _, _, wants, _ in round_.claims:
+            for w in wants:
+                c = self._consumers.get(w.consumer)
+                if c is not None:
+                    c.reserved -= w.n
+                    if c.get_future is not None and not c.get_future.done():
+                        self._gets.append(c)
+
+    def _settle_entry(
+        self, lease: Lease, o: Ops | None, new_deadline: int | None
+    ) -> tuple[Lease, Settle, QueueOptions]:
+        """What a round does with ``lease``: apply ``o`` and/or move its deadline."""
+        sets = (
+            ()
+            if o is None
+            else (frozenset(o.ack), frozenset(o.requeue), frozenset(o.release), frozenset(o.dead))
+        )
+        settle = Settle(
+            lease.ns,
+            lease.queue,
+            lease.shard,
+            lease.key,
+            lease.run,
+            *sets,
+            new_deadline=new_deadline,
+        )
+        return lease, settle, self.options(lease.ns, lease.queue) or QueueOptions()
+
+    def _renewal_due(self, lease: Lease, now: int) -> bool:
+        return lease.run.deadline_ms - now < self.lease_ms // 2
+
+    def _collect_claims(self) -> list[ClaimPlan]:
+        out = []
+        gets, self._gets = self._gets, []
+        by_queue: dict[tuple[str, str], list[Consumer]] = {}
+        for g in gets:
+            by_queue.setdefault((g.ns, g.queue), []).append(g)
+        for key in {*by_queue, *self._queues}:
+            lq = self._local(*key)
+            wants: list[Want] = []
+            queue_gets = by_queue.get(key, [])
+            for g in queue_gets:
+                wants.append(Want(g.cid, 1, g.no_ack))
+                g.reserved = 1
+            if lq.maybe_ready and lq.consumers:
+                n = len(lq.consumers)
+                lq.turn = (lq.turn + 1) % n
+                for c in lq.consumers[lq.turn :] + lq.consumers[: lq.turn]:
+                    credit = c.credit()
+                    if credit > 0:
+                        wants.append(Want(c.cid, credit, c.no_ack))
+                        c.reserved += credit
+            if not wants:
+                continue
+            opts = self.options(*key)
+            if opts is None:  # the queue is gone
+                for g in queue_gets:
+                    g.finish_get(None)
+                for w in wants:
+                    c = self._consumers.get(w.consumer)
+                    if c is not None:
+                        c.reserved -= w.n
+                continue
+            out.append((lq, opts, wants, len(queue_gets) == len(wants)))
+        return out
+
+    # --- applying a round's outcome --------------------------------------------------------
+
+    def _apply_settled(self, result: RoundResult) -> None:
+        for lease, out in result.settled:
+            labels = (lease.ns, lease.queue)
+            if out.stale:
+                lease.gone = True
+                self._leases.pop(id(lease), None)
+                continue
+            if out.acked:
+                metrics.queue_messages_acked_count.labels(*labels).inc(out.acked)
+            if out.redelivered:
+                metrics.queue_messages_redelivered_count.labels(*labels).inc(out.redelivered)
+                self.mark_ready(*labels)
+            if out.dead_dropped:
+                metrics.queue_messages_dead_lettered_count.labels(*labels).inc(out.dead_dropped)
+            if out.key is None:
+                lease.gone = True
+                self._leases.pop(id(lease), None)
+            else:
+                lease.key, lease.run = out.key, out.run  # type: ignore[assignment]
+            for key, run in out.dead:
+                self.spawn(self.publish_dead(lease.ns, lease.queue, key, run))
+
+    async def _apply_claims(self, result: RoundResult, dirty: dict[int, int]) -> None:
+        handouts: list[tuple[Consumer, list[Delivery]]] = []
+        for lq, wants, claimed, expired in result.claims:
+            self._account_claim(lq, wants, claimed, expired, dirty)
+            by_consumer: dict[str, list[index.Claimed]] = {}
+            for c in claimed:
+                by_consumer.setdefault(c.consumer, []).append(c)
+            for w in wants:
+                consumer = self._consumers.get(w.consumer)
+                parts = by_consumer.get(w.consumer, [])
+                if consumer is None:
+                    continue
+                if consumer.get_future is not None:
+                    self._consumers.pop(consumer.cid, None)
+                handouts.append((consumer, await self._deliveries(lq, consumer, parts)))
+        for consumer, deliveries in handouts:
+            self._hand_out(consumer, deliveries, result)
+
+    def _account_claim(
+        self,
+        lq: LocalQueue,
+        wants: list[Want],
+        claimed: list[index.Claimed],
+        expired: int,
+        dirty: dict[int, int],
+    ) -> None:
+        """Release the wants' reservations; a queue that gave less than asked (and had no
+        local enqueue since) is not claimed from again until something marks it ready."""
+        for w in wants:
+            c = self._consumers.get(w.consumer)
+            if c is not None:
+                c.reserved = max(0, c.reserved - w.n)
+        got = sum(len(c.run) for c in claimed)
+        if got < sum(w.n for w in wants if not w.consumer.startswith("get#")) and (
+            lq.dirty == dirty.get(id(lq))
+        ):
+            lq.maybe_ready = False
+        if expired:
+            log.debug("dropped %d expired messages of %s/%s", expired, lq.ns, lq.name)
+
+    async def _deliveries(
+        self, lq: LocalQueue, consumer: Consumer, parts: list[index.Claimed]
+    ) -> list[Delivery]:
+        """The claimed runs as deliveries, with leases (unless no-ack) and their bodies."""
+        deliveries: list[Delivery] = []
+        for part in parts:
+            lease = None
+            if not part.auto_ack:
+                key = index.inflight_key(lq.ns, lq.name, part.shard, part.run.first)
+                lease = Lease(lq.ns, lq.name, part.shard, key, part.run, consumer)
+                self._leases[id(lease)] = lease
+            try:
+                messages = await load_run(self.objects, self.cache, part.run)
+            except Exception:
+                log.exception("could not read bodies of %s/%s", lq.ns, lq.name)
+                if lease is not None:
+                    self._ops.setdefault(lease, Ops()).release.update(part.run.seqs)
+                continue
+            run = part.run
+            for i, message in enumerate(messages):
+                deliveries.append(
+                    Delivery(
+                        consumer,
+                        lease,
+                        run.seqs[i],
+                        message,
+                        run.attempts[i] > 0,
+                        (run.object_key, run.starts[i]),
+                        run.sizes[i],
+                    )
+                )
+                if lease is None:
+                    self.cache.discard((run.object_key, run.starts[i]))
+        return deliveries
+
+    def _hand_out(
+        self, consumer: Consumer, deliveries: list[Delivery], result: RoundResult
+    ) -> None:
+        if consumer.get_future is not None:
+            ready = result.ready_left.get((consumer.ns, consumer.queue), 0)
+            consumer.finish_get(deliveries[0] if deliveries else None, ready)
+            return
+        if not deliveries:
+            return
+        if not consumer.active or consumer.deliver is None:
+            self.give_back(deliveries)
+            return
+        consumer.buffer.extend(deliveries)
+        consumer.pump()
+
+    def _watch(self, lq: LocalQueue, watch: Any) -> None:
+        lq.watching = True
+
+        async def wait() -> None:
+            try:
+                await watch
+            except Exception:
+                pass
+            finally:
+                lq.watching = False
+            lq.maybe_ready = True
+            self.kick()
+
+        self.spawn(wait())
+
+    async def _poll_once(self) -> None:
+        for lq in self._queues.values():
+            if not lq.maybe_ready and not lq.watching and any(c.credit() for c in lq.consumers):
+                lq.maybe_ready = True
+                self.kick()
+
+    async def _renew_due(self) -> None:
+        now = self.clock()
+        if any(self._renewal_due(lease, now) for lease in self._leases.values()):
+            self.kick()

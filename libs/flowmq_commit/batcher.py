@@ -31,6 +31,7 @@ import abc
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import re
 import secrets
@@ -102,24 +103,14 @@ class BatcherStats:
     intent_transactions: int = 0
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class _Item:
-    __slots__ = ("born", "commit", "ctx", "data", "future", "group")
-
-    def __init__(
-        self,
-        group: Hashable,
-        data: bytes,
-        commit: GroupCommit,
-        ctx: Any,
-        future: asyncio.Future[Any],
-        born: float,
-    ) -> None:
-        self.group = group
-        self.data = data
-        self.commit = commit
-        self.ctx = ctx
-        self.future = future
-        self.born = born
+    group: Hashable
+    data: bytes
+    commit: GroupCommit
+    ctx: Any
+    future: asyncio.Future[Any]
+    born: float
 
 
 class _Run:

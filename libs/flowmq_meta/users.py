@@ -71,28 +71,26 @@ class InvalidPassword(FlowMQError, ValueError):
     code = "invalid_password"
 
 
-def validate_username(name: str) -> None:
-    if not name:
-        raise InvalidName("user name must not be empty")
+def _check_text(text: str, what: str, max_bytes: int, error: type[FlowMQError]) -> None:
+    """Non-empty, encodable as UTF-8 and at most ``max_bytes`` of it."""
+    if not text:
+        raise error(f"{what} must not be empty")
     try:
-        size = len(name.encode("utf-8"))
+        size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
-        raise InvalidName("user name is not valid Unicode text") from None
-    if size > MAX_USERNAME_BYTES:
-        raise InvalidName(f"user name must be at most {MAX_USERNAME_BYTES} bytes (UTF-8)")
+        raise error(f"{what} is not valid Unicode text") from None
+    if size > max_bytes:
+        raise error(f"{what} must be at most {max_bytes} bytes (UTF-8)")
+
+
+def validate_username(name: str) -> None:
+    _check_text(name, "user name", MAX_USERNAME_BYTES, InvalidName)
     if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in name):
         raise InvalidName("user name must not contain control characters")
 
 
 def validate_password(password: str) -> None:
-    if not password:
-        raise InvalidPassword("password must not be empty")
-    try:
-        size = len(password.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidPassword("password is not valid Unicode text") from None
-    if size > MAX_PASSWORD_BYTES:
-        raise InvalidPassword(f"password must be at most {MAX_PASSWORD_BYTES} bytes (UTF-8)")
+    _check_text(password, "password", MAX_PASSWORD_BYTES, InvalidPassword)
 
 
 def _as_bytes(password: str | bytes) -> bytes:

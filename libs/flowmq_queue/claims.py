@@ -19,6 +19,7 @@ transaction has committed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -48,33 +49,28 @@ PublishDeadFn = Callable[[str, str, bytes, Run], Awaitable[None]]
 ``ClaimRounds.dead_letter_done`` once they are out."""
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class QueueParts:
+    """What a queue engine and its claim rounds share: the stores, the batcher, the body
+    cache, each queue's options, the lease holder's name and lease length, the clock."""
+
+    meta: MetaStore
+    objects: ObjectStore
+    batcher: GroupCommitBatcher
+    cache: BodyCache
+    options: OptionsFn
+    holder: str
+    lease_ms: int
+    clock: Clock
+
+
 class ClaimRounds:
     """This broker's local consumers of queues and the rounds that claim and settle for
     them (see the module docstring)."""
 
-    def __init__(
-        self,
-        meta: MetaStore,
-        objects: ObjectStore,
-        batcher: GroupCommitBatcher,
-        cache: BodyCache,
-        *,
-        options: OptionsFn,
-        publish_dead: PublishDeadFn,
-        holder: str,
-        lease_ms: int,
-        clock: Clock,
-        piggyback: bool,
-    ) -> None:
-        self.meta = meta
-        self.objects = objects
-        self.batcher = batcher
-        self.cache = cache
-        self.options = options
+    def __init__(self, parts: QueueParts, *, publish_dead: PublishDeadFn, piggyback: bool) -> None:
+        self.parts = parts
         self.publish_dead = publish_dead
-        self.holder = holder
-        self.lease_ms = lease_ms
-        self.clock = clock
         self.piggyback = piggyback
         self.rounds = 0
         self._queues: dict[tuple[str, str], LocalQueue] = {}
@@ -90,7 +86,7 @@ class ClaimRounds:
         self._closing = False
         self._background: set[asyncio.Task[Any]] = set()
         self._poll = PeriodicTask("queue-poll", POLL_S, self._poll_once)
-        self._renew = PeriodicTask("queue-renew", lease_ms / 4000, self._renew_due)
+        self._renew = PeriodicTask("queue-renew", parts.lease_ms / 4000, self._renew_due)
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -267,8 +263,8 @@ class ClaimRounds:
 
     def _take(self) -> Round | None:
         """The pending work as one round (None: nothing to do)."""
-        now = self.clock()
-        lease_deadline = now + self.lease_ms
+        now = self.parts.clock()
+        lease_deadline = now + self.parts.lease_ms
         ops, self._ops = self._ops, {}
         dead_done, self._dead_done = self._dead_done, []
         settles = [
@@ -287,7 +283,9 @@ class ClaimRounds:
         base = self._claim_base
         self._claim_base += 1_000_000
         dirty = {id(lq): lq.dirty for lq, _, _, _ in claims}
-        return Round(now, lease_deadline, self.holder, base, ops, dead_done, settles, claims, dirty)
+        return Round(
+            now, lease_deadline, self.parts.holder, base, ops, dead_done, settles, claims, dirty
+        )
 
     async def _commit(self, round_: Round) -> RoundResult:
         # Claims of freshly committed messages go at once (latency); everything else rides
@@ -295,9 +293,11 @@ class ClaimRounds:
         urgent = any(lq.fresh for lq, _, _, _ in round_.claims)
         for lq, _, _, _ in round_.claims:
             lq.fresh = False
-        if self.piggyback and not urgent and self.batcher.pending_bytes > 0:
-            return await self.batcher.submit(("queue-round",), b"", self._round_commit, round_)
-        return await self.meta.transact(round_.work)
+        if self.piggyback and not urgent and self.parts.batcher.pending_bytes > 0:
+            return await self.parts.batcher.submit(
+                ("queue-round",), b"", self._round_commit, round_
+            )
+        return await self.parts.meta.transact(round_.work)
 
     def _restore(self, round_: Round) -> None:
         """The round's transaction failed: its work waits for the next one."""
@@ -330,10 +330,10 @@ class ClaimRounds:
             *sets,
             new_deadline=new_deadline,
         )
-        return lease, settle, self.options(lease.ns, lease.queue) or QueueOptions()
+        return lease, settle, self.parts.options(lease.ns, lease.queue) or QueueOptions()
 
     def _renewal_due(self, lease: Lease, now: int) -> bool:
-        return lease.run.deadline_ms - now < self.lease_ms // 2
+        return lease.run.deadline_ms - now < self.parts.lease_ms // 2
 
     def _collect_claims(self) -> list[ClaimPlan]:
         out = []
@@ -358,7 +358,7 @@ class ClaimRounds:
                         c.reserved += credit
             if not wants:
                 continue
-            opts = self.options(*key)
+            opts = self.parts.options(*key)
             if opts is None:  # the queue is gone
                 for g in queue_gets:
                     g.finish_get(None)
@@ -446,7 +446,7 @@ class ClaimRounds:
                 lease = Lease(lq.ns, lq.name, part.shard, key, part.run, consumer)
                 self._leases[id(lease)] = lease
             try:
-                messages = await load_run(self.objects, self.cache, part.run)
+                messages = await load_run(self.parts.objects, self.parts.cache, part.run)
             except Exception:
                 log.exception("could not read bodies of %s/%s", lq.ns, lq.name)
                 if lease is not None:
@@ -466,7 +466,7 @@ class ClaimRounds:
                     )
                 )
                 if lease is None:
-                    self.cache.discard((run.object_key, run.starts[i]))
+                    self.parts.cache.discard((run.object_key, run.starts[i]))
         return deliveries
 
     def _hand_out(
@@ -506,6 +506,6 @@ class ClaimRounds:
                 self.kick()
 
     async def _renew_due(self) -> None:
-        now = self.clock()
+        now = self.parts.clock()
         if any(self._renewal_due(lease, now) for lease in self._leases.values()):
             self.kick()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,53 +30,26 @@ AHEAD = 2
 MAX_AHEAD = 4
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class Consumer:
     """A consumer of one queue on this broker; ``deliver`` gets each batch of deliveries."""
 
-    __slots__ = (
-        "active",
-        "ahead",
-        "cid",
-        "deliver",
-        "get_future",
-        "no_ack",
-        "ns",
-        "buffer",
-        "paused",
-        "prefetch",
-        "pump_scheduled",
-        "queue",
-        "reserved",
-        "tag",
-        "unacked",
-    )
-
-    def __init__(
-        self,
-        ns: str,
-        queue: str,
-        tag: str,
-        cid: str,
-        deliver: Callable[[list[Delivery]], None] | None,
-        prefetch: int,
-        no_ack: bool,
-    ) -> None:
-        self.ns = ns
-        self.queue = queue
-        self.tag = tag
-        self.cid = cid
-        self.deliver = deliver
-        self.prefetch = prefetch
-        self.no_ack = no_ack
-        self.unacked = 0
-        self.reserved = 0
-        self.active = True
-        self.paused = False
-        self.buffer: collections.deque[Delivery] = collections.deque()
-        self.pump_scheduled = False
-        self.ahead = AHEAD
-        # Basic.Get: resolves to (the delivery or None, ready messages left).
-        self.get_future: asyncio.Future[tuple[Delivery | None, int]] | None = None
+    ns: str
+    queue: str
+    tag: str
+    cid: str
+    deliver: Callable[[list[Delivery]], None] | None
+    prefetch: int
+    no_ack: bool
+    unacked: int = 0
+    reserved: int = 0
+    active: bool = True
+    paused: bool = False
+    buffer: collections.deque[Delivery] = dataclasses.field(default_factory=collections.deque)
+    pump_scheduled: bool = False
+    ahead: int = AHEAD
+    # Basic.Get: resolves to (the delivery or None, ready messages left).
+    get_future: asyncio.Future[tuple[Delivery | None, int]] | None = None
 
     def credit(self) -> int:
         """How many more to claim.  Up to ``ahead`` prefetch windows are claimed, the part

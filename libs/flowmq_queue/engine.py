@@ -26,7 +26,7 @@ from flowmq_meta import MetaStore, Transaction
 from flowmq_objstore import ObjectStore
 from flowmq_queue import index
 from flowmq_queue.bodies import BodyCache, load_run
-from flowmq_queue.claims import ClaimRounds, OptionsFn
+from flowmq_queue.claims import ClaimRounds, OptionsFn, QueueParts
 from flowmq_queue.codec import encode_message
 from flowmq_queue.consumers import Consumer, Delivery
 from flowmq_queue.enqueue import REFUSED, EnqueueCommit, EnqueueCtx, Enqueued
@@ -68,15 +68,8 @@ class QueueEngine:
         self._commit = EnqueueCommit(self._enqueued)
         self._cids = itertools.count(1)
         self.claims = ClaimRounds(
-            meta,
-            objects,
-            batcher,
-            self.cache,
-            options=options,
+            QueueParts(meta, objects, batcher, self.cache, options, self.holder, lease_ms, clock),
             publish_dead=self._publish_dead,
-            holder=self.holder,
-            lease_ms=lease_ms,
-            clock=clock,
             piggyback=piggyback,
         )
 

@@ -446,22 +446,20 @@ class Broker:
         if self.cluster is not None:
             self.router.forwarder = None
             await _logged("stop cross-node routing", self.cluster.stop())
-        if self.maintenance is not None:
-            await _logged("stop stream maintenance", self.maintenance.stop())
-        if self.queues is not None:
-            await _logged("stop the queues", self.queues.stop())
-        if self.sync is not None:
-            await _logged("stop the catalog sync", self.sync.stop())
-        if self.batcher is not None:
-            await _logged("flush the batcher", self.batcher.close())
-        if self.nodes_registry is not None:
-            await _logged("remove the node entry", self.nodes_registry.stop())
-        if self._runner is not None:
-            await _logged("stop the HTTP listener", self._runner.cleanup())
-        if self.objects is not None:
-            await _logged("close the object store", self.objects.close())
-        if self.meta is not None:
-            await _logged("close the meta store", self.meta.close())
+        # The rest stop the same way: each present part's stop or close, in this order.
+        parts: list[tuple[str, Any, str]] = [
+            ("stop stream maintenance", self.maintenance, "stop"),
+            ("stop the queues", self.queues, "stop"),
+            ("stop the catalog sync", self.sync, "stop"),
+            ("flush the batcher", self.batcher, "close"),
+            ("remove the node entry", self.nodes_registry, "stop"),
+            ("stop the HTTP listener", self._runner, "cleanup"),
+            ("close the object store", self.objects, "close"),
+            ("close the meta store", self.meta, "close"),
+        ]
+        for what, part, method in parts:
+            if part is not None:
+                await _logged(what, getattr(part, method)())
 
 
 async def _logged(what: str, step: Awaitable[Any]) -> None:

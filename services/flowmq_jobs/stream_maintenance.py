@@ -7,6 +7,7 @@ simply runs this job; there is no leader.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -32,18 +33,14 @@ def policy_of(dest: Destination) -> RetentionPolicy:
     )
 
 
+@dataclasses.dataclass(eq=False)
 class StreamMaintenance:
-    def __init__(
-        self,
-        meta: MetaStore,
-        objects: ObjectStore,
-        destinations: Callable[[], list[Destination]],
-        node_id: str,
-    ) -> None:
-        self.meta = meta
-        self.objects = objects
-        self.destinations = destinations
-        self.node_id = node_id
+    """Retention, compaction, deleted streams' partitions and object GC, one pass at a time."""
+
+    meta: MetaStore
+    objects: ObjectStore
+    destinations: Callable[[], list[Destination]]
+    node_id: str
 
     async def run_once(self) -> None:
         streams = {(d.namespace, d.name): d for d in self.destinations() if d.type == STREAM}

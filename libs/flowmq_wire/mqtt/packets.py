@@ -380,3 +380,31 @@ PACKET_CLASSES: dict[int, type[Packet]] = {
         Auth,
     )
 }
+
+__all__ = [
+    "EMPTY_PROPERTIES",
+    "PACKET_CLASSES",
+    "PACKET_NAMES",
+    "RETAIN_DO_NOT_SEND",
+    "RETAIN_SEND_IF_NEW_SUBSCRIPTION",
+    "RETAIN_SEND_ON_SUBSCRIBE",
+    "Auth",
+    "Connack",
+    "Connect",
+    "Disconnect",
+    "Packet",
+    "Pingreq",
+    "Pingresp",
+    "Properties",
+    "Puback",
+    "Pubcomp",
+    "Publish",
+    "Pubrec",
+    "Pubrel",
+    "Suback",
+    "Subscribe",
+    "SubscriptionOptions",
+    "Unsuback",
+    "Unsubscribe",
+    "Will",
+]

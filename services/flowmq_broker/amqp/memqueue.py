@@ -5,6 +5,7 @@ last consumer (auto-delete)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -19,25 +20,16 @@ SUBSCRIPTION = "amqp-subscription"
 MAX_BUFFERED = 100_000
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class MemConsumer:
-    __slots__ = ("active", "deliver", "no_ack", "paused", "prefetch", "queue", "tag", "unacked")
-
-    def __init__(
-        self,
-        queue: MemoryQueue,
-        tag: str,
-        deliver: Callable[[MemConsumer, list[tuple[Message, bool]]], None],
-        prefetch: int,
-        no_ack: bool,
-    ) -> None:
-        self.queue = queue
-        self.tag = tag
-        self.deliver = deliver
-        self.prefetch = prefetch
-        self.no_ack = no_ack
-        self.unacked = 0
-        self.active = True
-        self.paused = False
+    queue: MemoryQueue
+    tag: str
+    deliver: Callable[[MemConsumer, list[tuple[Message, bool]]], None]
+    prefetch: int
+    no_ack: bool
+    unacked: int = 0
+    active: bool = True
+    paused: bool = False
 
     def credit(self) -> int:
         if not self.active or self.paused:

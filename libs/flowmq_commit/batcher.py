@@ -63,6 +63,11 @@ class GroupCommit(abc.ABC):
         the object.  Runs inside the flush transaction, maybe more than once (a retried
         transaction), so it acts only through ``tr``."""
 
+    def check(self, group: Any) -> None:  # noqa: B027 - optional hook
+        """Raise if no chunk of ``group`` could be committed (a key past the meta store's
+        budget).  Called when a group is first submitted, so a bad entry fails only its own
+        submitter, never the flush it would have shared with others."""
+
     def after_commit(  # noqa: B027 - optional hook
         self, group: Any, results: list[Any], object_key: str, start: int, end: int, data: bytes
     ) -> None:
@@ -76,6 +81,7 @@ DEFAULT_FLUSH_INTERVAL = {"file": 0.003, "s3": 0.1}
 DEFAULT_INTENT_LEASE_MS = 10 * 60 * 1000
 DEFAULT_MAX_FLUSH_ITEMS = 10_000
 _RENEW_RETRY_S = 1.0
+MAX_CHECKED_GROUPS = 100_000
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -174,6 +180,8 @@ class GroupCommitBatcher:
         self._next_deadline = 0
         # Intents of keys whose write failed: listed for deletion by the next intent txn.
         self._abandoned: list[str] = []
+        # Groups whose keys ``GroupCommit.check`` accepted (bounded; re-checked once cleared).
+        self._checked: set[Hashable] = set()
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -184,6 +192,11 @@ class GroupCommitBatcher:
         (``ctx`` is handed to it); the future resolves to this chunk's result once durable."""
         if self._closing:
             raise BatcherClosed("batcher is closed")
+        if group not in self._checked:
+            commit.check(group)
+            if len(self._checked) >= MAX_CHECKED_GROUPS:
+                self._checked.clear()
+            self._checked.add(group)
         task = self._task
         if task is None:
             loop = asyncio.get_running_loop()

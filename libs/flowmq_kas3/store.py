@@ -22,7 +22,7 @@ from flowmq_kas3.page_cache import PageCache
 from flowmq_kas3.reader import read_chunks
 from flowmq_kas3.records import BASE_OFFSET, BatchesSummary, decode_batch, summarize
 from flowmq_kas3.segment import assemble_fetch, batch_offsets
-from flowmq_meta import MetaStore, Transaction, decode_int
+from flowmq_meta import MetaStore, Transaction, check_key, decode_int
 from flowmq_objstore import ObjectNotFound, ObjectStore
 
 # Kafka ListOffsets sentinels.
@@ -55,6 +55,10 @@ class _PartitionCommit(GroupCommit):
 
     def __init__(self, store: StreamStore) -> None:
         self._store = store
+
+    def check(self, group: Partition) -> None:
+        # Every key of a partition is at most as long as its index entry at the largest offset.
+        check_key(index.entry_key(group, 2**63 - 1))
 
     def commit(
         self, tr: Transaction, group: Partition, object_key: str, chunks: list[tuple[int, int, Any]]

@@ -6,6 +6,7 @@ default), ``fdb://[cluster file]`` (production), ``memory://`` (unit tests).
 
 from __future__ import annotations
 
+from flowmq_meta._base import check_key
 from flowmq_meta.api import (
     MAX_KEY_BYTES,
     MAX_TRANSACTION_BYTES,
@@ -36,6 +37,7 @@ __all__ = [
     "TransactionTooLarge",
     "ValueTooLarge",
     "Watch",
+    "check_key",
     "decode_int",
     "encode_int",
     "open_meta_store",

@@ -9,9 +9,18 @@ from typing import Any, NamedTuple
 
 from flowmq_commit.batcher import GroupCommit
 from flowmq_core.message import Message
-from flowmq_meta import Transaction, decode_int, encode_int
+from flowmq_meta import Transaction, check_key, decode_int, encode_int
 from flowmq_queue.entries import Run
-from flowmq_queue.index import BYTES, SEQ, Delta, QueueOptions, append_runs, next_seq, stat_key
+from flowmq_queue.index import (
+    BYTES,
+    SEQ,
+    Delta,
+    QueueOptions,
+    append_runs,
+    next_seq,
+    ready_key,
+    stat_key,
+)
 
 REFUSED = -1
 
@@ -44,6 +53,11 @@ class EnqueueCommit(GroupCommit):
 
     def __init__(self, on_committed: Callable[[Any, list[Enqueued], str, list[int]], None]):
         self._on_committed = on_committed
+
+    def check(self, group: Any) -> None:
+        # The longest keys of a queue: its ready and in-flight entries at the largest numbers.
+        _, ns, queue = group
+        check_key(ready_key(ns, queue, 2**31 - 1, 2**63 - 1))
 
     def commit(
         self, tr: Transaction, group: Any, object_key: str, chunks: list[tuple[int, int, Any]]

@@ -386,3 +386,32 @@ def test_default_flush_interval_depends_on_the_object_store(tmp_path) -> None:
     assert default_flush_interval(FileObjectStore(tmp_path)) <= 0.005
     s3 = S3ObjectStore("bucket", endpoint_url="http://127.0.0.1:1", url="s3://bucket")
     assert default_flush_interval(s3) == 0.1
+
+
+async def test_an_entry_whose_keys_cannot_fit_fails_alone_not_its_flush(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    """The stream and queue commits check a group's keys when it is first submitted: an
+    entry for a name past the key budget is refused to its submitter at once, and the
+    entries submitted around it commit in the flush as usual."""
+    from flowmq_core.message import Message
+    from flowmq_kas3.page_cache import PageCache
+    from flowmq_kas3.records import encode_messages
+    from flowmq_kas3.store import StreamStore
+    from flowmq_meta import KeyTooLarge
+    from flowmq_queue.enqueue import EnqueueCommit
+
+    batcher = await started_batcher(meta, objects)
+    streams = StreamStore(meta, objects, batcher, PageCache(1 << 20))
+    queue_commit = EnqueueCommit(lambda *args: None)
+    before = batcher.submit("g", b"before", RECORDING, "before")
+    with pytest.raises(KeyTooLarge):
+        streams.append_nowait("ns", "s" * 20_000, 0, encode_messages([Message("t", b"x")]))
+    with pytest.raises(KeyTooLarge):
+        batcher.submit((0, "ns", "q" * 20_000), b"x", queue_commit, None)
+    after = batcher.submit("g", b"after", RECORDING, "after")
+    await batcher.flush()
+    assert before.result()[0] == after.result()[0]  # one flush, both committed
+    assert await read_setting(meta, "before") is not None
+    assert await read_setting(meta, "after") is not None
+    await batcher.close()

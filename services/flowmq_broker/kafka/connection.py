@@ -85,6 +85,7 @@ class KafkaConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.local_host = "127.0.0.1"
+        self.tls = False
         self.client_host = ""
         self.closing = False
         self.user: str | None = None
@@ -113,6 +114,7 @@ class KafkaConnection(asyncio.Protocol):
         if sock:
             self.local_host = sock[0]
         self.server.connections.add(self)
+        self.tls = transport.get_extra_info("ssl_object") is not None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True

@@ -160,6 +160,7 @@ def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
 class Broker:
     key = ""
     label = ""
+    cafile = ""  # clients connect over TLS trusting this CA (tls_bench.py); "" = plain TCP
 
     def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
@@ -191,9 +192,10 @@ class FlowMQ(Broker):
     label = "FlowMQ-py"
     PROBLEM = re.compile(r" (WARNING|ERROR|CRITICAL) |Traceback|Exception")
 
-    def __init__(self, workdir: Path, processes: int) -> None:
+    def __init__(self, workdir: Path, processes: int, extra_args: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.http: list[int] = []
+        self.ports_json: list[dict] = []  # each process's ports.json
         data = workdir / "flowmq-data"
         data.mkdir()
         ports_file = data / "ports.json"
@@ -204,11 +206,12 @@ class FlowMQ(Broker):
             cmd = [sys.executable, "-m", "flowmq_broker.cli", "serve", "--data-dir", str(data)]
             for option in ("--http-port", "--mqtt-port", "--kafka-port", "--amqp-port"):
                 cmd += [option, "0"]
-            cmd += ["--gossip-port", "0"]
+            cmd += ["--gossip-port", "0", *extra_args]
             proc = spawn_logged(cmd, log)
             self.procs.append(proc)
             wait_ready(proc, log, "flowmq")
             ports = json.loads(ports_file.read_text())
+            self.ports_json.append(ports)
             self.ports.append(ports["mqtt"])
             self.http.append(ports["http"])
         self.version = "FlowMQ-py" + (f" ×{processes}" if processes > 1 else "")
@@ -346,18 +349,19 @@ def run_load(broker: Broker, load: Load, args: argparse.Namespace, tag: str, wor
             spec = lg.PubSpec(
                 name,
                 port,
-                f"{tag}{load.key}{broker.key[0]}c{c}p{i}",
+                f"{tag}{load.key}{broker.key}c{c}p{i}",
                 topic,
                 size,
                 load.qos,
                 args.duration,
                 window=args.window,
                 rate=args.rate if load.paced else 0.0,
+                cafile=broker.cafile,
             )
             pub_specs[name] = (c, spec)
             procs.append(ctx.Process(target=lg.publisher, args=(spec, go, go_time, exp, out)))
         groups = min(load.subs, args.sub_procs) if not load.paced else 1
-        ids = [f"{tag}{load.key}{broker.key[0]}c{c}s{j}" for j in range(load.subs)]
+        ids = [f"{tag}{load.key}{broker.key}c{c}s{j}" for j in range(load.subs)]
         for g in range(groups):
             name = f"c{c}-sub{g}"
             spec = lg.SubSpec(
@@ -373,6 +377,7 @@ def run_load(broker: Broker, load: Load, args: argparse.Namespace, tag: str, wor
                 args.warmup,
                 latency=load.paced,
                 nap=args.sub_nap,
+                cafile=broker.cafile,
             )
             sub_specs[name] = (c, spec)
             procs.append(ctx.Process(target=lg.subscriber, args=(spec, go, go_time, exp, out)))

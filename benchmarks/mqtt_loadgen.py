@@ -12,6 +12,10 @@ the generator costs far less CPU per message than a broker does (DESIGN.md §11)
 - a counting subscriber never parses: every message is one packet of a known length, so
   received bytes give the message count; QoS 1 PUBACKs are built with extended slices of the
   received bytes (packet ids sit at a fixed offset of every packet);
+- with ``cafile`` (``tls_bench.py``; QoS 0 throughput loads only) every connection is TLS,
+  trusting that CA; a TLS subscriber drains all decrypted records of a readable socket per
+  wake-up (one ``recv`` gives at most one 16 KiB record), so it reads in chunks as large as
+  over plain TCP;
 - latency loads send at a fixed rate with a ``time.monotonic_ns()`` stamp (CLOCK_MONOTONIC:
   one clock for every process on Linux) in the first 8 payload bytes; the subscriber decodes
   with the codec's client-side ``MqttDecoder`` and computes the latency per message.
@@ -30,6 +34,7 @@ import os
 import select
 import selectors
 import socket
+import ssl
 import time
 import traceback
 from dataclasses import dataclass
@@ -68,6 +73,7 @@ class PubSpec:
     window: int = 256  # QoS 1: unacknowledged PUBLISH packets in flight
     rate: float = 0.0  # messages/s; 0 = as fast as the socket accepts
     host: str = "127.0.0.1"
+    cafile: str = ""  # TLS, trusting this CA; "" = plain TCP
 
 
 @dataclass
@@ -86,6 +92,7 @@ class SubSpec:
     drain_s: float = 2.0  # stop once nothing arrived for this long after the publishers ended
     nap: float = 0.0005  # QoS 0 counting: sleep this long after a read smaller than SMALL_READ
     host: str = "127.0.0.1"
+    cafile: str = ""  # TLS, trusting this CA; "" = plain TCP
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -120,10 +127,16 @@ def _handshake(sock: socket.socket, packet: bytes, want: type, what: str):
 
 
 def connect(
-    port: int, client_id: str, host: str = "127.0.0.1", timeout: float = READY_TIMEOUT_S
+    port: int,
+    client_id: str,
+    host: str = "127.0.0.1",
+    timeout: float = READY_TIMEOUT_S,
+    cafile: str = "",
 ) -> socket.socket:
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if cafile:
+        sock = ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname=host)
     connack = _handshake(
         sock, encode(Connect(client_id, clean_start=True, keep_alive=0), LEVEL), Connack, "CONNECT"
     )
@@ -343,7 +356,7 @@ def _paced(sock: socket.socket, spec: PubSpec, start: float, deadline: float) ->
 def publisher(spec: PubSpec, go, go_time, expected, out) -> None:
     sock = None
     try:
-        sock = connect(spec.port, spec.client_id, spec.host)
+        sock = connect(spec.port, spec.client_id, spec.host, cafile=spec.cafile)
         out.put(("ready", spec.name, None))
         start = _wait_go(go, go_time)
         cpu0 = _cpu()
@@ -399,7 +412,7 @@ def subscriber(spec: SubSpec, go, go_time, expected, out) -> None:
     socks: list[socket.socket] = []
     try:
         for cid in spec.client_ids:
-            sock = connect(spec.port, cid, spec.host)
+            sock = connect(spec.port, cid, spec.host, cafile=spec.cafile)
             socks.append(sock)
             subscribe(sock, spec.topic_filter, spec.qos)
         out.put(("ready", spec.name, None))
@@ -411,6 +424,24 @@ def subscriber(spec: SubSpec, go, go_time, expected, out) -> None:
     finally:
         for sock in socks:
             _close(sock)
+
+
+def _recv_into_tls(sock: ssl.SSLSocket, buf: memoryview) -> int:
+    """``recv_into`` for a non-blocking TLS socket: every record already readable, up to
+    ``len(buf)`` bytes (0 at the end of the stream; ``BlockingIOError`` if nothing yet)."""
+    n = 0
+    size = len(buf)
+    while n < size:
+        try:
+            got = sock.recv_into(buf[n:])
+        except ssl.SSLWantReadError:
+            if n:
+                return n
+            raise BlockingIOError from None
+        if not got:
+            return n
+        n += got
+    return n
 
 
 def _receive(socks: list[socket.socket], spec: SubSpec, start: float, expected) -> dict:
@@ -437,6 +468,7 @@ def _receive(socks: list[socket.socket], spec: SubSpec, start: float, expected) 
         sel.register(sock, selectors.EVENT_READ, i)
     buf = bytearray(RECV_BYTES)
     mv = memoryview(buf)
+    tls = bool(spec.cafile)
     total = 0
     t_first = t0 = t_last = None
     c0 = c_last = 0
@@ -457,7 +489,7 @@ def _receive(socks: list[socket.socket], spec: SubSpec, start: float, expected) 
             sock = key.fileobj
             try:
                 if counting_bytes:
-                    n = sock.recv_into(buf)
+                    n = _recv_into_tls(sock, mv) if tls else sock.recv_into(buf)
                     data = None
                 else:
                     data = sock.recv(RECV_BYTES)

@@ -61,6 +61,17 @@ class BrokerConfig:
     cluster_bind: str = "127.0.0.1"
     cluster_secret: str = dataclasses.field(default="", repr=False)
     cluster_secret_file: str = ""
+    # TLS on the client listeners (docs/security.md "TLS"): a listener's TLS port opens only
+    # when tls_cert is set. PEM paths; with tls_ca client certificates are required and
+    # verified, and tls_cert_as_username makes the certificate's subject CN the user name.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_ca: str = ""
+    tls_cert_as_username: bool = False
+    mqtt_tls_port: int = 8883
+    kafka_tls_port: int = 9093  # Kafka's SSL and SASL_SSL security protocols
+    amqp_tls_port: int = 5671
+    http_tls_port: int = 8443
 
     def resolved(self) -> BrokerConfig:
         """A copy with the embedded defaults that depend on ``data_dir`` filled in."""

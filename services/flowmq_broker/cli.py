@@ -46,6 +46,15 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "cluster_secret": "shared secret authenticating gossip and links (at least 16 bytes); "
         "prefer --cluster-secret-file or FLOWMQ_CLUSTER_SECRET: flags are visible to all users",
         "cluster_secret_file": "file holding the cluster secret (its stripped content)",
+        "tls_cert": "server certificate (PEM) for the TLS listeners; they open only with it",
+        "tls_key": "the certificate's private key (PEM, unencrypted)",
+        "tls_ca": "CA certificates (PEM): TLS clients must then present a certificate they signed",
+        "tls_cert_as_username": "true or false: the client certificate's CN is the user "
+        "(needs --tls-ca; default false)",
+        "mqtt_tls_port": f"MQTT over TLS port (default {defaults.mqtt_tls_port})",
+        "kafka_tls_port": f"Kafka SSL/SASL_SSL port (default {defaults.kafka_tls_port})",
+        "amqp_tls_port": f"AMQP over TLS port (default {defaults.amqp_tls_port})",
+        "http_tls_port": f"HTTPS port (default {defaults.http_tls_port})",
         "roles": f"comma-separated subset of {','.join(ALL_ROLES)} (default all)",
         "admin_token": "admin API Bearer token (default: generated once, kept in <data-dir>/admin_token)",
         "allow_anonymous": "true or false: may clients connect without a user name (default true)",

@@ -2,24 +2,30 @@
 
 All interfaces, ``SO_REUSEADDR`` (a restarted broker binds at once, even with connections of
 its previous run in TIME_WAIT) and a backlog large enough for a burst of clients connecting
-together.  Port 0 binds a free port; the bound one is returned.
+together.  Port 0 binds a free port; the bound one is returned.  With ``ssl`` (the broker's
+one ``SSLContext``, flowmq_broker.tls) the listener speaks TLS and the protocol sees the
+decrypted stream, so an adapter serves its plain and its TLS port with the same factory.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from ssl import SSLContext
 
 HOST = "0.0.0.0"
 BACKLOG = 1024
 
 
 async def listen(
-    protocol_factory: Callable[[], asyncio.BaseProtocol], port: int
+    protocol_factory: Callable[[], asyncio.BaseProtocol],
+    port: int,
+    *,
+    ssl: SSLContext | None = None,
 ) -> tuple[asyncio.Server, int]:
     """Start serving ``protocol_factory`` on ``port``; returns the server and its bound port."""
     loop = asyncio.get_running_loop()
     server = await loop.create_server(
-        protocol_factory, HOST, port, reuse_address=True, backlog=BACKLOG
+        protocol_factory, HOST, port, reuse_address=True, backlog=BACKLOG, ssl=ssl
     )
     return server, server.sockets[0].getsockname()[1]

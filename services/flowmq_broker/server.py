@@ -25,6 +25,7 @@ from flowmq_broker.queues import QueueService
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.streams import StreamDestinationType
+from flowmq_broker.tls import ServerTls, TlsError, server_tls
 from flowmq_cluster import ClusterSecret, Gossip, GossipConfig, Member, Status
 from flowmq_cluster.auth import check_bind
 from flowmq_commit.batcher import GroupCommitBatcher
@@ -101,6 +102,14 @@ def _cluster_secret(config: BrokerConfig) -> ClusterSecret | None:
     return secret
 
 
+def _server_tls(config: BrokerConfig) -> ServerTls | None:
+    """The TLS listeners' settings, checked before anything is bound; None without TLS."""
+    try:
+        return server_tls(config)
+    except TlsError as exc:
+        raise StartupError(str(exc)) from None
+
+
 def _check_data_dir(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -135,6 +144,7 @@ class Broker:
         self.queues: QueueService | None = None
         self.cluster: ClusterRouting | None = None
         self.cluster_secret: ClusterSecret | None = None
+        self.tls: ServerTls | None = None  # the TLS listeners' settings, if configured
         self._ignore_events = os.environ.get(IGNORE_EVENTS_ENV) == "1"
 
     @property
@@ -220,6 +230,7 @@ class Broker:
     async def start(self) -> None:
         cfg = self.config
         self.cluster_secret = _cluster_secret(cfg)  # before anything is bound or written
+        self.tls = _server_tls(cfg)
         _check_data_dir(self.data_dir)
         try:
             self.meta = open_meta_store(cfg.meta)
@@ -297,8 +308,12 @@ class Broker:
         for role in cfg.roles:
             if role in PROTOCOL_ADAPTERS:
                 await self._start_adapter(role)
+        if self.tls is not None:
+            await self._start_tls_listeners(self.tls)
         await self.nodes_registry.start()
         await self._serve_http(http_socket)
+        if self.tls is not None:
+            await self._serve_https(self.tls)
         self.maintenance.start()
         self._write_ports()
         if self.gossip is not None:
@@ -429,6 +444,33 @@ class Broker:
         except OSError as exc:
             raise StartupError(f"cannot listen on {role} port {port}: {exc.strerror}") from None
         self.adapters[role] = adapter
+
+    async def _start_tls_listeners(self, tls: ServerTls) -> None:
+        """Each adapter's TLS port (``<role>_tls_port``, in ports.json ``<role>_tls``), with
+        the one context of ``tls``; before the node table entry, which tells Kafka's
+        ``kafka_tls`` to the other brokers."""
+        for role, adapter in self.adapters.items():
+            key = f"{role}_tls"
+            port = getattr(self.config, f"{key}_port")
+            try:
+                self.ports[key] = await adapter.start_tls(port, tls)
+            except OSError as exc:
+                raise StartupError(f"cannot listen on {key} port {port}: {exc.strerror}") from None
+
+    async def _serve_https(self, tls: ServerTls) -> None:
+        """The admin API, HTTP publish and metrics over TLS (``http_tls_port``, in
+        ports.json ``http_tls``): the app ``_serve_http`` set up, on a second site."""
+        assert self._runner is not None
+        port = self.config.http_tls_port
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            sock.close()
+            raise StartupError(f"cannot listen on http_tls port {port}: {exc.strerror}") from None
+        self.ports["http_tls"] = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock, ssl_context=tls.context).start()
 
     def _write_ports(self) -> None:
         path = self.data_dir / "ports.json"

@@ -10,6 +10,7 @@ from flowmq_broker.amqp.connection import AmqpConnection
 from flowmq_broker.amqp.state import AmqpState
 from flowmq_broker.listeners import listen
 from flowmq_broker.services import BrokerServices
+from flowmq_broker.tls import ServerTls
 
 
 class AmqpServer:
@@ -17,6 +18,7 @@ class AmqpServer:
         self.services = services
         self.shared = AmqpState(services)
         self._server: asyncio.Server | None = None
+        self._tls_server: asyncio.Server | None = None
 
     async def start(self, port: int) -> int:
         shared = self.shared
@@ -25,15 +27,25 @@ class AmqpServer:
         self._server, bound = await listen(lambda: AmqpConnection(shared), port)
         return bound
 
+    async def start_tls(self, port: int, tls: ServerTls) -> int:
+        """Serve AMQP over TLS (amqps) on ``port`` too, after ``start``; returns the bound
+        port.  Logins are the same as on the plain port (the certificate names no user)."""
+        shared = self.shared
+        self._tls_server, bound = await listen(
+            lambda: AmqpConnection(shared), port, ssl=tls.context
+        )
+        return bound
+
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        servers = [s for s in (self._server, self._tls_server) if s is not None]
+        for server in servers:
+            server.close()
         for conn in list(self.shared.connections):
             conn.shutdown()
         await asyncio.sleep(0)
         for conn in list(self.shared.connections):
             conn.abort()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in servers:
+            await server.wait_closed()
         # Requeues of the closed channels are pending in the engine: persist them now.
         await self.shared.queues.stop()

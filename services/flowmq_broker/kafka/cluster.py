@@ -9,6 +9,7 @@ it gains or held.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import zlib
@@ -35,6 +36,14 @@ class KafkaNode:
     id: int
     host: str | None  # None: the address this client reached us on
     port: int
+    tls_port: int = 0  # its SSL/SASL_SSL listener (kafka_tls); 0: none
+
+    def port_for(self, tls: bool) -> int:
+        """The port a client reaches this node on with its own security protocol: clients
+        connect to advertised brokers the way they reached the bootstrap one.  A node
+        without a TLS listener is advertised with its plain port (a TLS client then fails
+        to reach it: give every broker of a cluster the same TLS settings)."""
+        return self.tls_port if tls and self.tls_port else self.port
 
 
 def _score(key: bytes, node: KafkaNode) -> bytes:
@@ -62,6 +71,11 @@ class ClusterView:
         self._set([self.local])
         self._refresh.start()
 
+    def set_tls_port(self, port: int) -> None:
+        """This broker's TLS listener is up on ``port`` (after ``start``)."""
+        self.local = dataclasses.replace(self.local, tls_port=port)
+        self._set([self.local if n.name == self.local.name else n for n in self.nodes])
+
     async def stop(self) -> None:
         await self._refresh.stop()
 
@@ -78,7 +92,10 @@ class ClusterView:
             if node.get("self") or node.get("status") != "up" or not port:
                 continue
             name = node["node_id"]
-            found.append(KafkaNode(name, kafka_node_id(name), node.get("host"), int(port)))
+            tls_port = int(node["ports"].get("kafka_tls") or 0)
+            found.append(
+                KafkaNode(name, kafka_node_id(name), node.get("host"), int(port), tls_port)
+            )
         self._set(found)
 
     def owner(self, key: str) -> KafkaNode:

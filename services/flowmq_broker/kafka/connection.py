@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import flowmq_metrics as metrics
 from flowmq_broker.kafka import sasl
 from flowmq_broker.kafka.context import Handler, RequestContext, ServerState
+from flowmq_broker.tls import ServerTls
 from flowmq_core.limits import MAX_CLIENT_ID_BYTES, utf8_size
 from flowmq_wire.kafka import (
     API_VERSIONS_KEY,
@@ -64,6 +65,7 @@ class Listener(ServerState, Protocol):
     apis: dict[int, ApiSpec]
     allow_anonymous: bool
     connections: set[KafkaConnection]
+    tls: ServerTls | None  # the TLS listener's settings, once it serves
 
     def new_splitter(self) -> FrameSplitter: ...
 
@@ -85,6 +87,7 @@ class KafkaConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.local_host = "127.0.0.1"
+        self.tls = False
         self.client_host = ""
         self.closing = False
         self.user: str | None = None
@@ -113,6 +116,21 @@ class KafkaConnection(asyncio.Protocol):
         if sock:
             self.local_host = sock[0]
         self.server.connections.add(self)
+        self.tls = transport.get_extra_info("ssl_object") is not None
+        if self.tls and self.server.tls is not None:
+            self._certificate_login(self.server.tls, transport)
+
+    def _certificate_login(self, tls: ServerTls, transport: asyncio.BaseTransport) -> None:
+        """With tls_cert_as_username the client certificate's CN is the principal (Kafka's
+        SSL principal): authenticated as that user without SASL, or closed if no user."""
+        user = tls.peer_username(transport)
+        if user is None:
+            return
+        if self.server.services.users.known(user):
+            self.user = user
+        else:
+            log.info("kafka %s: certificate CN %r is no user; closing", self.peer, user)
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True

@@ -60,6 +60,7 @@ class ConnectionState(Protocol):
 
     peer: str
     local_host: str  # the address the client reached us on
+    tls: bool  # it reached us on the TLS listener (SSL, SASL_SSL)
     client_host: str  # "/<client address>", as Kafka shows members
     user: str | None
     sasl_mechanism: str | None

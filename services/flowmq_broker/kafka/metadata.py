@@ -37,6 +37,11 @@ def _host(ctx: RequestContext, node: KafkaNode) -> str:
     return node.host or ctx.conn.local_host
 
 
+def _port(ctx: RequestContext, node: KafkaNode) -> int:
+    """A TLS client is told the brokers' TLS ports: it reconnects the way it came."""
+    return node.port_for(ctx.conn.tls)
+
+
 def handle_metadata(ctx: RequestContext, req: Any) -> Any:
     server = ctx.server
     topics = server.topics
@@ -73,7 +78,7 @@ def _metadata_response(
     topics = server.topics
     resp = ctx.response
     brokers = [
-        resp.MetadataResponseBroker(node_id=n.id, host=_host(ctx, n), port=n.port, rack=None)
+        resp.MetadataResponseBroker(node_id=n.id, host=_host(ctx, n), port=_port(ctx, n), rack=None)
         for n in cluster.nodes
     ]
     dests: list[tuple[str, Destination | None]]
@@ -152,7 +157,7 @@ def handle_find_coordinator(ctx: RequestContext, req: Any) -> Any:
                     key=key,
                     node_id=node.id if node else -1,
                     host=_host(ctx, node) if node else "",
-                    port=node.port if node else -1,
+                    port=_port(ctx, node) if node else -1,
                     error_code=code,
                     error_message=message,
                 )
@@ -165,7 +170,7 @@ def handle_find_coordinator(ctx: RequestContext, req: Any) -> Any:
         error_message=message,
         node_id=node.id if node else -1,
         host=_host(ctx, node) if node else "",
-        port=node.port if node else -1,
+        port=_port(ctx, node) if node else -1,
     )
 
 
@@ -181,7 +186,11 @@ def handle_describe_cluster(ctx: RequestContext, req: Any) -> Any:
         controller_id=cluster.local.id,
         brokers=[
             resp.DescribeClusterBroker(
-                broker_id=n.id, host=_host(ctx, n), port=n.port, rack=None, is_fenced=False
+                broker_id=n.id,
+                host=_host(ctx, n),
+                port=_port(ctx, n),
+                rack=None,
+                is_fenced=False,
             )
             for n in cluster.nodes
         ],

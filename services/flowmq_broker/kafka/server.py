@@ -23,6 +23,7 @@ from flowmq_broker.kafka.idempotence import ProducerStates
 from flowmq_broker.kafka.topics import TopicManager
 from flowmq_broker.listeners import listen
 from flowmq_broker.services import BrokerServices
+from flowmq_broker.tls import ServerTls
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_meta.group_offsets import GroupOffsetStore
 from flowmq_wire.kafka import API_NAMES, DEFAULT_MAX_FRAME, FrameSplitter, api_name
@@ -80,6 +81,8 @@ class KafkaServer:
         self.connections: set[KafkaConnection] = set()
         self._request_counters: dict[int, Any] = {}
         self._server: asyncio.base_events.Server | None = None
+        self._tls_server: asyncio.base_events.Server | None = None
+        self.tls: ServerTls | None = None
         self.port = 0
 
     # -- life cycle --------------------------------------------------------------------------
@@ -89,16 +92,25 @@ class KafkaServer:
         self.cluster.start(self.port)
         return self.port
 
+    async def start_tls(self, port: int, tls: ServerTls) -> int:
+        """Serve Kafka's SSL and SASL_SSL security protocols on ``port`` too (after
+        ``start``); Metadata then tells TLS clients the brokers' TLS ports."""
+        self.tls = tls
+        self._tls_server, bound = await listen(lambda: KafkaConnection(self), port, ssl=tls.context)
+        self.cluster.set_tls_port(bound)
+        return bound
+
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        servers = [s for s in (self._server, self._tls_server) if s is not None]
+        for server in servers:
+            server.close()
         for conn in list(self.connections):
             conn.close()
         self.coordinator.shutdown()
         await self.cluster.stop()
         await self.offsets.close()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in servers:
+            await server.wait_closed()
 
     # -- shared helpers for handlers and connections -------------------------------------------
 

@@ -88,6 +88,9 @@ class MqttConnection(asyncio.Protocol):
         self.client_id = ""
         self._held: list[Any] | None = None  # packets read while CONNECT awaits the cluster
         self.username: str | None = None
+        # The user its TLS client certificate names (tls_cert_as_username): logs in as that
+        # user without a password, whatever CONNECT says.
+        self.peer_username: str | None = None
         self.closing = False
         self.will: Any = None
         self.keep_alive = 0
@@ -113,6 +116,8 @@ class MqttConnection(asyncio.Protocol):
         # pause_writing() then tells us cheaply when the socket buffer passes the drop mark.
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
         self.server.connections.add(self)
+        if self.server.tls is not None:
+            self.peer_username = self.server.tls.peer_username(transport)
         self.last_rx = self._loop.time()
         self._timer = self._loop.call_later(CONNECT_TIMEOUT_S, self._connect_timeout)
 
@@ -388,7 +393,7 @@ class MqttConnection(asyncio.Protocol):
                 return
             client_id = assigned = "flowmq-" + secrets.token_hex(8)
         self.client_id = client_id
-        self.username = p.username
+        self.username = self.peer_username or p.username
         if v5:
             expiry = props.get("session_expiry_interval", 0)
             self.client_receive_maximum = props.get("receive_maximum", 65535)
@@ -501,6 +506,8 @@ class MqttConnection(asyncio.Protocol):
         if p.properties.get("authentication_method"):
             return rc.BAD_AUTHENTICATION_METHOD
         users = self.server.users
+        if self.peer_username is not None:  # the certificate is the credential
+            return None if users.known(self.peer_username) else rc.BAD_USER_NAME_OR_PASSWORD
         if p.username is not None and users.known(p.username):
             return None if users.check(p.username, p.password) else rc.BAD_USER_NAME_OR_PASSWORD
         # No user name, or one we do not know: an anonymous client.

@@ -16,6 +16,7 @@ from flowmq_broker.mqtt.offline import OfflineStore
 from flowmq_broker.mqtt.retained import RetainedStore
 from flowmq_broker.mqtt.session import Session, SessionConnection, Subscription
 from flowmq_broker.routing import Router
+from flowmq_broker.tls import ServerTls
 from flowmq_cluster.link import Link
 from flowmq_core.message import Message
 from flowmq_meta.users import UserDirectory
@@ -42,6 +43,7 @@ class ConnectionHost(Protocol):
     retained: RetainedStore
     offline: OfflineStore | None  # durable store of offline persistent sessions, if any
     cluster: ClusterRouting | None  # None: a broker alone
+    tls: ServerTls | None  # the TLS listener's settings, once it serves
 
     # --- sessions
     sessions: dict[tuple[str, str], Session]

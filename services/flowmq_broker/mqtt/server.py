@@ -31,6 +31,7 @@ from flowmq_broker.mqtt.session import (
 from flowmq_broker.nodes import read_node_table
 from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_broker.services import BrokerServices
+from flowmq_broker.tls import ServerTls
 from flowmq_cluster.link import Link
 from flowmq_core.message import Message
 from flowmq_core.message_codec import decode_message, encode_message
@@ -87,6 +88,9 @@ class MqttServer:
         self.authorizer = Authorizer()
         self.connections: set[SessionConnection] = set()
         self._server: asyncio.base_events.Server | None = None
+        # The TLS listener (start_tls), serving the same connections over TLS.
+        self._tls_server: asyncio.base_events.Server | None = None
+        self.tls: ServerTls | None = None
         self.dirty: list[SessionConnection] = []
         self._flush_scheduled = False
         self.current_publisher: SessionConnection | None = None
@@ -132,13 +136,20 @@ class MqttServer:
         self._server, bound = await listen(lambda: MqttConnection(self), port)
         return bound
 
+    async def start_tls(self, port: int, tls: ServerTls) -> int:
+        """Serve MQTT over TLS on ``port`` too (after ``start``); returns the bound port."""
+        self.tls = tls
+        self._tls_server, bound = await listen(lambda: MqttConnection(self), port, ssl=tls.context)
+        return bound
+
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        servers = [s for s in (self._server, self._tls_server) if s is not None]
+        for server in servers:
+            server.close()
         for connection in list(self.connections):
             connection.shutdown()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in servers:
+            await server.wait_closed()
 
     # --- sessions ---------------------------------------------------------------------------
     def subscription_count(self) -> int:

@@ -41,6 +41,10 @@ class AdminBackend(Protocol):
 
     async def publish(self, namespace: str, message: Message) -> list[Destination]: ...
 
+    async def publish_batch(
+        self, namespace: str, messages: list[Message]
+    ) -> list[list[Destination]]: ...
+
     def subscriptions(self) -> list[dict[str, Any]]: ...
 
     def subscriber_nodes(self, namespace: str, topic: str) -> list[str]: ...
@@ -330,8 +334,5 @@ async def publish_batch(request: web.Request, backend: AdminBackend) -> Any:
     namespace, topic = await _publish_target(request, backend)
     body = await read_json_body(request, schemas.PUBLISH_BATCH)
     messages = [_message_from(topic, item) for item in body["messages"]]  # validate all first
-    results = []
-    for message in messages:
-        routed = await backend.publish(namespace, message)
-        results.append({"topic": topic, "destinations": _destination_refs(routed)})
-    return {"results": results}
+    routed = await backend.publish_batch(namespace, messages)
+    return {"results": [{"topic": topic, "destinations": _destination_refs(r)} for r in routed]}

@@ -161,12 +161,24 @@ class Broker:
         return self._destinations(self.router.match(namespace, topic))
 
     async def publish(self, namespace: str, message: Message) -> list[Destination]:
-        if message.retain and self.mqtt is not None:
-            await self.mqtt.retained.set(namespace, message)
-        bindings, pending = self.router.dispatch(namespace, message)
+        return (await self.publish_batch(namespace, [message]))[0]
+
+    async def publish_batch(
+        self, namespace: str, messages: list[Message]
+    ) -> list[list[Destination]]:
+        """Route every message in order, then wait once for all of them to be durable: a
+        batch shares flushes instead of waiting for one per message."""
+        routed = []
+        pending: list[Any] = []
+        for message in messages:
+            if message.retain and self.mqtt is not None:
+                await self.mqtt.retained.set(namespace, message)
+            bindings, durable = self.router.dispatch(namespace, message)
+            routed.append(bindings)
+            pending.extend(durable)
         if pending:
             await asyncio.gather(*pending)
-        return self._destinations(bindings)
+        return [self._destinations(bindings) for bindings in routed]
 
     def subscriber_nodes(self, namespace: str, topic: str) -> list[str]:
         local = any(not self.router.is_durable(b) for b in self.router.match(namespace, topic))

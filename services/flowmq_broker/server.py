@@ -27,7 +27,7 @@ from flowmq_broker.services import BrokerServices
 from flowmq_broker.streams import StreamDestinationType
 from flowmq_cluster import ClusterSecret, Gossip, GossipConfig, Member, Status
 from flowmq_cluster.auth import check_bind
-from flowmq_core.config import BrokerConfig, ConfigError
+from flowmq_core.config import BrokerConfig, ConfigError, is_loopback
 from flowmq_core.limits import MAX_TOPIC_BYTES
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
@@ -81,6 +81,16 @@ def _cluster_advertised_host(bind: str) -> str:
     return bind
 
 
+def _anonymous_mode(allow_anonymous: bool | None, bind: str) -> str:
+    """Whether anonymous clients may connect and why, for the start-up log
+    (``allow_anonymous`` as configured: None when not set)."""
+    if allow_anonymous is None:
+        if is_loopback(bind):
+            return "allowed (bind is loopback and allow_anonymous is not set)"
+        return "refused (bind is not loopback and allow_anonymous is not set)"
+    return f"{'allowed' if allow_anonymous else 'refused'} (allow_anonymous = {str(allow_anonymous).lower()})"
+
+
 def _liveness(member: Member) -> dict[str, str]:
     """A gossip member's state as the cluster nodes API shows it (SWIM counts suspects live)."""
     status = member.status.value
@@ -114,6 +124,7 @@ def _check_data_dir(path: Path) -> None:
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config.resolved()
+        self._configured_anonymous = config.allow_anonymous  # None: follows ``bind``
         self.data_dir = Path(self.config.data_dir)
         self.meta: MetaStore | None = None
         self.objects: ObjectStore | None = None
@@ -261,6 +272,11 @@ class Broker:
             ).run_once,
         )
         self.users = UserDirectory(self.meta)
+        log.info(
+            "client listeners and the HTTP API bind %s; anonymous clients %s",
+            cfg.bind,
+            _anonymous_mode(self._configured_anonymous, cfg.bind),
+        )
         self.sync = CatalogSync(self.catalog, self.router)
         self.sync.on_change.append(self.users.refresh)
         await self.sync.refresh()
@@ -310,12 +326,14 @@ class Broker:
 
     def _bind_http(self) -> socket.socket:
         """Bind the HTTP port first: a node id may be derived from it.  It serves only once
-        the broker is ready (``_serve_http``).  One IPv4 socket: with no host asyncio binds
-        IPv4 and IPv6 separately, and port 0 would then give two different ports."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        the broker is ready (``_serve_http``).  One socket on ``bind``: with a host name
+        asyncio may bind IPv4 and IPv6 separately, and port 0 would then give two ports."""
+        host = self.config.bind
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("0.0.0.0", self.config.http_port))
+            sock.bind((host, self.config.http_port))
         except OSError as exc:
             sock.close()
             raise StartupError(

@@ -22,7 +22,9 @@ class AmqpServer:
         shared = self.shared
         await shared.exchanges.load()
         self.services.sync.on_change.append(shared.exchanges.load)
-        self._server, bound = await listen(lambda: AmqpConnection(shared), port)
+        self._server, bound = await listen(
+            lambda: AmqpConnection(shared), port, self.services.config.bind
+        )
         return bound
 
     async def stop(self) -> None:

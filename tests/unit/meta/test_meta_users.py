@@ -201,22 +201,31 @@ def test_limiter_tracks_a_bounded_number_of_addresses(clock):
     assert not limiter.blocked("b")
 
 
+# Long enough that finding it by chance in a random digest or hash is impossible.
+PASSWORD = "correct-horse-battery-staple"
+PASSWORD_BYTES = PASSWORD.encode()
+
+
 async def test_successes_are_cached_under_a_keyed_digest(store, directory):
-    await create_user(store, "alice", "pw")
+    await create_user(store, "alice", PASSWORD)
     await directory.refresh()
-    assert await directory.authenticate("alice", "pw", "10.0.0.1")
+    assert await directory.authenticate("alice", PASSWORD, "10.0.0.1")
     checks = directory.password_checks
-    assert await directory.authenticate("alice", b"pw", "10.0.0.1")
+    assert await directory.authenticate("alice", PASSWORD_BYTES, "10.0.0.1")
     assert directory.password_checks == checks  # served from the cache
     (digest,) = directory._verified
     other = UserDirectory(store)
     await other.refresh()
-    assert await other.authenticate("alice", b"pw", "10.0.0.1")
+    assert await other.authenticate("alice", PASSWORD_BYTES, "10.0.0.1")
     (other_digest,) = other._verified
     assert digest != other_digest  # keyed per directory, not a plain hash
-    for unkeyed in (b"pw", hashlib.sha256(b"pw").digest(), hashlib.sha256(b"alicepw").digest()):
+    for unkeyed in (
+        PASSWORD_BYTES,
+        hashlib.sha256(PASSWORD_BYTES).digest(),
+        hashlib.sha256(b"alice" + PASSWORD_BYTES).digest(),
+    ):
         assert unkeyed not in digest and unkeyed != digest
-    assert all(b"pw" not in str(entry).encode() for entry in directory._verified.values())
+    assert all(PASSWORD_BYTES not in str(entry).encode() for entry in directory._verified.values())
 
 
 async def test_password_change_invalidates_the_cache(store, directory):

@@ -37,7 +37,11 @@ class BrokerConfig:
     seeds: list[str] = dataclasses.field(default_factory=list)
     roles: list[str] = dataclasses.field(default_factory=lambda: list(ALL_ROLES))
     admin_token: str = ""  # empty: generated at first start, kept in <data_dir>/admin_token
-    allow_anonymous: bool = True  # clients without a user name may connect
+    # Secure defaults (DESIGN.md §12, Mosquitto 2.0's model): the MQTT, Kafka and AMQP
+    # listeners and the HTTP API bind ``bind``; clients without a user name may connect
+    # (``allow_anonymous``) — when unset, only while ``bind`` is a loopback address.
+    bind: str = "127.0.0.1"
+    allow_anonymous: bool | None = None
     # Kafka's auto.create.topics.enable: Metadata/Produce for an unknown topic creates it.
     kafka_auto_create_topics: bool = True
     log_level: str = "info"
@@ -74,8 +78,13 @@ class BrokerConfig:
     http_tls_port: int = 8443
 
     def resolved(self) -> BrokerConfig:
-        """A copy with the embedded defaults that depend on ``data_dir`` filled in."""
+        """A copy with the embedded defaults that depend on other keys filled in: the URLs
+        under ``data_dir``, and ``allow_anonymous`` from ``bind`` when it is not set."""
         cfg = dataclasses.replace(self)
+        if cfg.bind == "localhost":
+            cfg.bind = "127.0.0.1"  # one address: asyncio would bind ::1 and 127.0.0.1 apart
+        if cfg.allow_anonymous is None:
+            cfg.allow_anonymous = is_loopback(cfg.bind)
         data_dir = Path(cfg.data_dir).expanduser()
         if not cfg.meta:
             cfg.meta = f"sqlite:///{data_dir / 'meta.db'}"
@@ -98,6 +107,14 @@ class BrokerConfig:
             raise ConfigError(
                 f"log_level must be debug, info, warning or error; got {self.log_level}"
             )
+        if self.bind != "localhost":
+            try:
+                ipaddress.ip_address(self.bind)
+            except ValueError:
+                raise ConfigError(
+                    f"bind must be an IP address (127.0.0.1, 0.0.0.0, 10.0.0.5, ::) or "
+                    f"localhost; got {self.bind!r}"
+                ) from None
         try:
             ipaddress.ip_address(self.cluster_bind)
         except ValueError:
@@ -125,8 +142,20 @@ class BrokerConfig:
         return secret
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP address or ``localhost``) is reachable from this host only:
+    127.0.0.0/8, ::1 or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _coerce(field: dataclasses.Field, raw: Any, source: str) -> Any:
     kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    kind = kind.removesuffix(" | None")  # optional keys: unset is the default, None
     try:
         if kind == "int":
             return int(raw)

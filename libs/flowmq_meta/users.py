@@ -283,8 +283,8 @@ def _verify_or_decoy(stored: str | None, password: bytes) -> bool:
 class UserDirectory:
     """This broker's copy of the users, reloaded when metadata changes (``refresh``).
 
-    Adapters call ``await authenticate(name, password, address)``; ``check`` and ``known``
-    are the older synchronous forms (``check`` runs scrypt on the caller's thread).
+    Adapters check a login with ``await authenticate(name, password, address)`` (PLAIN-style)
+    or drive ``scram.ScramServer`` with ``scram_credential`` behind ``limiter``.
     """
 
     def __init__(
@@ -316,10 +316,8 @@ class UserDirectory:
             del self._verified[digest]
 
     # --- lookups ----------------------------------------------------------------------
-    def known(self, name: str) -> bool:
-        return name in self._users
-
     def namespace_of(self, name: str) -> str | None:
+        """The user's namespace; ``None`` when no user has that name."""
         user = self._users.get(name)
         return None if user is None else user.get("namespace", DEFAULT_NAMESPACE)
 
@@ -331,18 +329,6 @@ class UserDirectory:
         return None if stored is None else ScramCredential.from_json(stored)
 
     # --- checks -------------------------------------------------------------------------
-    def check(self, name: str, password: str | bytes | None) -> bool:
-        """Synchronous check, no rate limit: blocks for one scrypt on a cache miss."""
-        if password is None:
-            return False
-        attempt = self._begin(name, password)
-        if attempt is None:
-            return True
-        if attempt.stored is None:
-            return False
-        self.password_checks += 1
-        return self._finish(attempt, verify_password(attempt.stored, attempt.password))
-
     async def authenticate(
         self, name: str, password: str | bytes | None, address: str
     ) -> AuthResult:
@@ -354,7 +340,8 @@ class UserDirectory:
             return AuthResult(False, RATE_LIMITED, retry_after=wait)
         if password is None:
             self.limiter.record_failure(address)
-            return AuthResult(False, BAD_PASSWORD if self.known(name) else UNKNOWN_USER)
+            known = name in self._users
+            return AuthResult(False, BAD_PASSWORD if known else UNKNOWN_USER)
         attempt = self._begin(name, password)
         if attempt is not None:
             ok = await self._verify_off_loop(attempt.digest, attempt.stored, attempt.password)
@@ -370,8 +357,8 @@ class UserDirectory:
             return AuthResult(False, UNKNOWN_USER)
         return AuthResult(True, OK, namespace=namespace)
 
-    # The steps shared by ``check`` and ``authenticate``: look up and consult the cache
-    # (``_begin``), then, after ``verify_password`` ran somewhere, settle (``_finish``).
+    # The steps of ``authenticate``: look up and consult the cache (``_begin``), then, after
+    # ``verify_password`` ran in the hashing threads, settle (``_finish``).
     def _begin(self, name: str, password: str | bytes) -> _Attempt | None:
         """``None`` when the cache already vouches for (name, password)."""
         raw = _as_bytes(password)

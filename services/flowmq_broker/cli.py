@@ -18,6 +18,13 @@ from flowmq_core.config import ALL_ROLES, BrokerConfig, ConfigError, load_config
 log = logging.getLogger("flowmq")
 
 
+def _url_host(bind: str) -> str:
+    """A host for a URL reaching an address bound to ``bind``."""
+    if bind in ("0.0.0.0", "::"):
+        return "127.0.0.1" if bind == "0.0.0.0" else "[::1]"
+    return f"[{bind}]" if ":" in bind else bind
+
+
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser(
         "serve",
@@ -57,7 +64,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "http_tls_port": f"HTTPS port (default {defaults.http_tls_port})",
         "roles": f"comma-separated subset of {','.join(ALL_ROLES)} (default all)",
         "admin_token": "admin API Bearer token (default: generated once, kept in <data-dir>/admin_token)",
-        "allow_anonymous": "true or false: may clients connect without a user name (default true)",
+        "bind": f"address the MQTT, Kafka and AMQP listeners and the HTTP API bind to (default "
+        f"{defaults.bind}; 0.0.0.0 or :: for every interface)",
+        "allow_anonymous": "true or false: may clients connect without a user name (default: "
+        "true while --bind is loopback, else false)",
         "log_level": "debug, info, warning or error (default info)",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "
         "a v5 client asking for more or for none is given this as server keep alive",
@@ -174,8 +184,8 @@ async def _serve(config: BrokerConfig) -> int:
         await broker.stop()
         print(f"flowmq: {exc}", file=sys.stderr)
         return 1
-    log.info("admin API: http://127.0.0.1:%d/api/v1 (token file %s)", broker.ports["http"],
-             broker.data_dir / "admin_token")  # fmt: skip
+    log.info("admin API: http://%s:%d/api/v1 (token file %s)", _url_host(broker.config.bind),
+             broker.ports["http"], broker.data_dir / "admin_token")  # fmt: skip
     await stop.wait()
     log.info("shutting down")
     await broker.stop()

@@ -29,7 +29,7 @@ from flowmq_broker.tls import ServerTls, TlsError, server_tls
 from flowmq_cluster import ClusterSecret, Gossip, GossipConfig, Member, Status
 from flowmq_cluster.auth import check_bind
 from flowmq_commit.batcher import GroupCommitBatcher
-from flowmq_core.config import BrokerConfig, ConfigError
+from flowmq_core.config import BrokerConfig, ConfigError, is_loopback
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_jobs.stream_maintenance import INTERVAL_S as STREAM_MAINTENANCE_INTERVAL_S
@@ -81,6 +81,16 @@ def _cluster_advertised_host(bind: str) -> str:
     return bind
 
 
+def _anonymous_mode(allow_anonymous: bool | None, bind: str) -> str:
+    """Whether anonymous clients may connect and why, for the start-up log
+    (``allow_anonymous`` as configured: None when not set)."""
+    if allow_anonymous is None:
+        if is_loopback(bind):
+            return "allowed (bind is loopback and allow_anonymous is not set)"
+        return "refused (bind is not loopback and allow_anonymous is not set)"
+    return f"{'allowed' if allow_anonymous else 'refused'} (allow_anonymous = {str(allow_anonymous).lower()})"
+
+
 def _liveness(member: Member) -> dict[str, str]:
     """A gossip member's state as the cluster nodes API shows it (SWIM counts suspects live)."""
     status = member.status.value
@@ -122,6 +132,7 @@ def _check_data_dir(path: Path) -> None:
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config.resolved()
+        self._configured_anonymous = config.allow_anonymous  # None: follows ``bind``
         self.data_dir = Path(self.config.data_dir)
         self.meta: MetaStore | None = None
         self.objects: ObjectStore | None = None
@@ -283,6 +294,11 @@ class Broker:
             ).run_once,
         )
         self.users = UserDirectory(self.meta)
+        log.info(
+            "client listeners and the HTTP API bind %s; anonymous clients %s",
+            cfg.bind,
+            _anonymous_mode(self._configured_anonymous, cfg.bind),
+        )
         self.sync = CatalogSync(self.catalog, self.router)
         self.sync.on_change.append(self.users.refresh)
         await self.sync.refresh()
@@ -336,12 +352,14 @@ class Broker:
 
     def _bind_http(self) -> socket.socket:
         """Bind the HTTP port first: a node id may be derived from it.  It serves only once
-        the broker is ready (``_serve_http``).  One IPv4 socket: with no host asyncio binds
-        IPv4 and IPv6 separately, and port 0 would then give two different ports."""
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        the broker is ready (``_serve_http``).  One socket on ``bind``: with a host name
+        asyncio may bind IPv4 and IPv6 separately, and port 0 would then give two ports."""
+        host = self.config.bind
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("0.0.0.0", self.config.http_port))
+            sock.bind((host, self.config.http_port))
         except OSError as exc:
             sock.close()
             raise StartupError(
@@ -477,7 +495,7 @@ class Broker:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("0.0.0.0", port))
+            sock.bind((self.config.bind, port))
         except OSError as exc:
             sock.close()
             raise StartupError(f"cannot listen on http_tls port {port}: {exc.strerror}") from None

@@ -2,7 +2,8 @@
 read is handled in a loop, and everything written while doing so goes out in one write).
 
 Negotiation: protocol header, Connection.Start / StartOk (PLAIN or AMQPLAIN against the
-broker's users) / Tune / TuneOk / Open (the virtual host names the namespace), heartbeats.
+broker's users, checked off the event loop) / Tune / TuneOk / Open (the virtual host names
+the namespace; a user may open only its own), heartbeats.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from flowmq_broker.amqp.memqueue import MemoryQueue
 from flowmq_broker.amqp.state import AmqpState
 from flowmq_core.errors import NotFound
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
+from flowmq_meta.users import RATE_LIMITED
 from flowmq_wire.amqp import constants as rc
 from flowmq_wire.amqp import frames as fr
 from flowmq_wire.amqp.methods import UnknownMethod, decode_method, encode_method
@@ -38,6 +40,11 @@ MAX_PENDING_PUBLISHES = 20_000
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
 
+# AMQP clients send RabbitMQ's default account when given no credentials: anonymous, unless
+# a user of that name exists (docs/security.md).
+GUEST = "guest"
+
+_START_OK = 0x000A000B
 _CONNECTION_CLOSE = 0x000A0032
 _CONNECTION_CLOSE_OK = 0x000A0033
 
@@ -50,7 +57,8 @@ class AmqpConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.reader = fr.FrameReader(FRAME_MAX)
-        self.state = "header"  # header, start, tune, open, opening, opened, closing, closed
+        # header, start, authenticating, tune, open, opening, opened, closing, closed
+        self.state = "header"
         self.channels: dict[int, Channel] = {}
         self.frame_max = FRAME_MAX
         self.channel_max = CHANNEL_MAX
@@ -58,6 +66,7 @@ class AmqpConnection(asyncio.Protocol):
         self.namespace = DEFAULT_NAMESPACE
         self.vhost = "/"
         self.username: str | None = None
+        self.user_namespace: str | None = None  # a user's: the only one it may open
         self.peer = ""
         self.tasks: set[asyncio.Task[Any]] = set()
         # Memory queues this connection declared: exclusive ones go with it, auto-delete ones
@@ -315,19 +324,55 @@ class AmqpConnection(asyncio.Protocol):
             )
 
     def _start_ok(self, m: commands.Connection.StartOk) -> None:
+        """An anonymous login is answered at once; a user's is checked off the event loop
+        (``_authenticate``) while the connection waits in state ``authenticating``."""
         user, password = _credentials(m.mechanism, m.response)
-        shared = self.shared
-        users = shared.services.users
-        if user is not None and users.known(user):
-            ok = users.check(user, password)
+        users = self.shared.services.users
+        if user is None or (
+            user == GUEST and password == GUEST.encode() and users.namespace_of(GUEST) is None
+        ):
+            if not self.shared.allow_anonymous:
+                self._refuse_login(m.mechanism, user, "anonymous clients are not allowed")
+                return
+            self._tune()
+            return
+        self.state = "authenticating"
+        task = self.loop.create_task(self._authenticate(m.mechanism, user, password))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _authenticate(self, mechanism: str, user: str, password: bytes | None) -> None:
+        address = self.peer.rpartition(":")[0] or self.peer
+        try:
+            result = await self.shared.services.users.authenticate(user, password, address)
+        except Exception:
+            log.exception("AMQP connection %s: checking the login of %r failed", self.peer, user)
+            result = None
+        if self.state != "authenticating":
+            return
+        if result is None:
+            self._refuse_login(mechanism, user, "the login could not be checked")
+        elif not result:
+            why = result.reason
+            if result.reason == RATE_LIMITED:
+                why = f"{RATE_LIMITED}: retry in {result.retry_after:.0f} s"
+            self._refuse_login(mechanism, user, why)
         else:
-            ok = shared.allow_anonymous
-        if not ok:
-            raise ConnectionError_(
-                rc.ACCESS_REFUSED,
-                f"ACCESS_REFUSED - login refused using authentication mechanism {m.mechanism}",
-            )
-        self.username = user
+            self.username = user
+            self.user_namespace = result.namespace
+            self._tune()
+        self.flush()
+
+    def _refuse_login(self, mechanism: str, user: str | None, why: str) -> None:
+        """403 ACCESS_REFUSED (Connection.Close), the client told as little as RabbitMQ does."""
+        log.info("AMQP connection %s: login refused (%s); user name %r", self.peer, why, user)
+        self.fail(
+            rc.ACCESS_REFUSED,
+            f"ACCESS_REFUSED - login refused using authentication mechanism {mechanism}",
+            _START_OK,
+        )
+
+    def _tune(self) -> None:
         self.state = "tune"
         self.send(encode_method(0, commands.Connection.Tune(CHANNEL_MAX, FRAME_MAX, HEARTBEAT_S)))
 
@@ -349,6 +394,17 @@ class AmqpConnection(asyncio.Protocol):
     async def _open(self, m: commands.Connection.Open) -> None:
         vhost = m.virtual_host or "/"
         namespace = DEFAULT_NAMESPACE if vhost in ("/", DEFAULT_NAMESPACE) else vhost.lstrip("/")
+        own = self.user_namespace
+        if own is not None and namespace != own:
+            if vhost != "/":  # a user's "/" is its own namespace; any other must be it
+                self.fail(
+                    rc.NOT_ALLOWED,
+                    f"NOT_ALLOWED - vhost {vhost} is not user {self.username}'s ({own})",
+                    m.index,
+                )
+                self.flush()
+                return
+            namespace = own
         try:
             await self.shared.catalog.get_namespace(namespace)
         except (NotFound, ValueError):
@@ -431,5 +487,7 @@ def _credentials(mechanism: str, response: Any) -> tuple[str | None, bytes | Non
         password = table.get("PASSWORD")
         if isinstance(password, str):
             password = password.encode()
+        elif not isinstance(password, bytes):
+            password = None
         return (str(login) if login else None), password
     raise ConnectionError_(rc.ACCESS_REFUSED, f"unsupported mechanism {mechanism!r}")

@@ -24,7 +24,9 @@ class AmqpServer:
         shared = self.shared
         await shared.exchanges.load()
         self.services.sync.on_change.append(shared.exchanges.load)
-        self._server, bound = await listen(lambda: AmqpConnection(shared), port)
+        self._server, bound = await listen(
+            lambda: AmqpConnection(shared), port, self.services.config.bind
+        )
         return bound
 
     async def start_tls(self, port: int, tls: ServerTls) -> int:
@@ -32,7 +34,7 @@ class AmqpServer:
         port.  Logins are the same as on the plain port (the certificate names no user)."""
         shared = self.shared
         self._tls_server, bound = await listen(
-            lambda: AmqpConnection(shared), port, ssl=tls.context
+            lambda: AmqpConnection(shared), port, self.services.config.bind, ssl=tls.context
         )
         return bound
 

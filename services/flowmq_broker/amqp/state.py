@@ -28,7 +28,7 @@ class AmqpState:
         self.services = services
         self.router = services.router
         self.catalog = services.catalog
-        self.allow_anonymous = services.config.allow_anonymous
+        self.allow_anonymous = bool(services.config.allow_anonymous)  # resolved: never None
         self.queues: QueueService = services.queues
         self.exchanges = ExchangeRegistry(services.meta)
         self.memqueues = MemoryQueues(self.router)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import flowmq_metrics as metrics
 from flowmq_broker.kafka import sasl
 from flowmq_broker.kafka.context import Handler, RequestContext, ServerState
+from flowmq_broker.kafka.sasl_exchange import PRE_AUTH_MAX_FRAME, SASL_TIMEOUT_S, SaslExchange
 from flowmq_broker.tls import ServerTls
 from flowmq_core.limits import MAX_CLIENT_ID_BYTES, utf8_size
 from flowmq_wire.kafka import (
@@ -89,10 +90,12 @@ class KafkaConnection(asyncio.Protocol):
         self.local_host = "127.0.0.1"
         self.tls = False
         self.client_host = ""
+        self.client_address = "?"
         self.closing = False
         self.user: str | None = None
-        self.sasl_mechanism: str | None = None
-        self.sasl_raw_next = False  # SaslHandshake v0: the next frame is a bare token
+        self.sasl: SaslExchange | None = None
+        self.sasl_raw_next = False  # SaslHandshake v0: the next frames are bare tokens
+        self._auth_timer: asyncio.TimerHandle | None = None
         self.fetching = False
         # Resolved once the connection's last slow-path Produce reached the batcher.
         self.produce_gate: asyncio.Future[None] | None = None
@@ -113,10 +116,15 @@ class KafkaConnection(asyncio.Protocol):
         if peer:
             self.peer = f"{peer[0]}:{peer[1]}"
             self.client_host = f"/{peer[0]}"
+            self.client_address = str(peer[0])
         if sock:
             self.local_host = sock[0]
         self.server.connections.add(self)
         self.tls = transport.get_extra_info("ssl_object") is not None
+        if not self.server.allow_anonymous:
+            # Until SASL succeeds: small frames only, and not for long.
+            self.splitter.max_frame = min(self.splitter.max_frame, PRE_AUTH_MAX_FRAME)
+            self._auth_timer = self._loop.call_later(SASL_TIMEOUT_S, self._auth_timeout)
         if self.tls and self.server.tls is not None:
             self._certificate_login(self.server.tls, transport)
 
@@ -126,14 +134,32 @@ class KafkaConnection(asyncio.Protocol):
         user = tls.peer_username(transport)
         if user is None:
             return
-        if self.server.services.users.known(user):
-            self.user = user
+        if self.server.services.users.namespace_of(user) is not None:
+            self.authenticated(user)
         else:
             log.info("kafka %s: certificate CN %r is no user; closing", self.peer, user)
             self.close()
 
+    def _auth_timeout(self) -> None:
+        self._auth_timer = None
+        if self.user is None and not self.closing:
+            log.info(
+                "kafka %s: no SASL authentication within %.0f s; closing", self.peer, SASL_TIMEOUT_S
+            )
+            self.close()
+
+    def authenticated(self, user: str) -> None:
+        self.user = user
+        self.sasl_raw_next = False
+        self.splitter.max_frame = self.server.max_request_size
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
+            self._auth_timer = None
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
         self.server.connections.discard(self)
         if self.fetching:
             self.server.update_stream_subscriptions()
@@ -167,9 +193,8 @@ class KafkaConnection(asyncio.Protocol):
     # -- requests ----------------------------------------------------------------------------
 
     def _request(self, frame: memoryview) -> None:
-        if self.sasl_raw_next:
-            self.sasl_raw_next = False
-            sasl.handle_raw_token(self, self.server.services.users, bytes(frame))
+        if self.sasl_raw_next:  # a bare token, answered in order with the requests
+            self._dispatch_result(None, sasl.handle_raw_token(self, bytes(frame)))
             return
         api_key, version, correlation_id = _FIXED_HEAD.unpack_from(frame)
         server = self.server
@@ -215,7 +240,7 @@ class KafkaConnection(asyncio.Protocol):
             return
         self._dispatch_result(ctx, result)
 
-    def _dispatch_result(self, ctx: RequestContext, result: Any) -> None:
+    def _dispatch_result(self, ctx: RequestContext | None, result: Any) -> None:
         if result is None:
             return  # nothing to answer (Produce with acks=0)
         if isinstance(result, Coroutine):
@@ -230,9 +255,10 @@ class KafkaConnection(asyncio.Protocol):
             return
         self._answer(self._encode(ctx, result))
 
-    def _encode(self, ctx: RequestContext, response: Any) -> bytes | bytearray:
+    def _encode(self, ctx: RequestContext | None, response: Any) -> bytes | bytearray:
         if isinstance(response, bytes | bytearray):
             return response
+        assert ctx is not None  # only bare SASL tokens (bytes) have no request context
         return encode_response(response, ctx.correlation_id)
 
     def _answer(self, data: bytes | bytearray) -> None:
@@ -243,7 +269,7 @@ class KafkaConnection(asyncio.Protocol):
         else:
             self._out.append(data)
 
-    def _completed(self, ctx: RequestContext, slot: _Slot, fut: asyncio.Future[Any]) -> None:
+    def _completed(self, ctx: RequestContext | None, slot: _Slot, fut: asyncio.Future[Any]) -> None:
         if self.closing:
             return
         if fut.cancelled():
@@ -252,10 +278,11 @@ class KafkaConnection(asyncio.Protocol):
         exc = fut.exception()
         if exc is not None:
             log.error(
-                "kafka %s: %s v%d failed",
+                "kafka %s: %s failed",
                 self.peer,
-                self.server.apis[ctx.api_key].name,
-                ctx.version,
+                "a bare SASL token"
+                if ctx is None
+                else f"{self.server.apis[ctx.api_key].name} v{ctx.version}",
                 exc_info=exc,
             )
             self.close()
@@ -306,11 +333,6 @@ class KafkaConnection(asyncio.Protocol):
         elif not pause and self._read_paused:
             self._read_paused = False
             transport.resume_reading()
-
-    def send_now(self, data: bytes | bytearray) -> None:
-        """Write bytes outside the request/response order (SASL v0 tokens)."""
-        self._answer(data)
-        self._flush()
 
     def close(self) -> None:
         """Write what is answered, then close; later answers are dropped."""

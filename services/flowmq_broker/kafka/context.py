@@ -6,7 +6,7 @@ The adapter's modules import in one direction only (no cycle, also none under
 ``TYPE_CHECKING``):
 
     flowmq_wire.kafka (codec)
-      → context + state: context, topics, cluster, coordinator, idempotence
+      → context + state: context, topics, cluster, coordinator, idempotence, sasl_exchange
       → handlers: produce, fetch, metadata, groups, offsets, sasl, topic_admin
       → connection (one client's I/O, dispatch by ``ApiSpec``)
       → server (the listener: builds the state and the API table)
@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from flowmq_broker.kafka.cluster import ClusterView
 from flowmq_broker.kafka.coordinator import GroupCoordinator
 from flowmq_broker.kafka.idempotence import ProducerStates
+from flowmq_broker.kafka.sasl_exchange import SaslExchange
 from flowmq_broker.kafka.topics import TopicManager
 from flowmq_broker.services import BrokerServices
 from flowmq_meta.group_offsets import GroupOffsetStore
@@ -62,15 +63,17 @@ class ConnectionState(Protocol):
     local_host: str  # the address the client reached us on
     tls: bool  # it reached us on the TLS listener (SSL, SASL_SSL)
     client_host: str  # "/<client address>", as Kafka shows members
-    user: str | None
-    sasl_mechanism: str | None
-    sasl_raw_next: bool  # SaslHandshake v0: the next frame is a bare token
+    client_address: str  # the client's IP address (failed logins are counted against it)
+    user: str | None  # once authenticated
+    sasl: SaslExchange | None  # from SaslHandshake on
+    sasl_raw_next: bool  # SaslHandshake v0: the next frames are bare tokens
     fetching: bool
     # Resolved once the connection's last slow-path Produce reached the batcher.
     produce_gate: asyncio.Future[None] | None
 
-    def send_now(self, data: bytes | bytearray) -> None:
-        """Write bytes outside the request/response order (SASL v0 tokens)."""
+    def authenticated(self, user: str) -> None:
+        """SASL succeeded: the connection is ``user``'s, and no longer held to the limits of
+        an unauthenticated one."""
         ...
 
     def close(self) -> None: ...

@@ -67,7 +67,7 @@ class KafkaServer:
         self.services = services
         self.namespace = DEFAULT_NAMESPACE
         self.max_request_size = max_request_size
-        self.allow_anonymous = services.config.allow_anonymous
+        self.allow_anonymous = bool(services.config.allow_anonymous)  # resolved: never None
         self.cluster = ClusterView(services.node_id, services.nodes)
         self.topics = TopicManager(services, self.namespace)
         self.offsets = GroupOffsetStore(services.meta)
@@ -88,7 +88,9 @@ class KafkaServer:
     # -- life cycle --------------------------------------------------------------------------
 
     async def start(self, port: int) -> int:
-        self._server, self.port = await listen(lambda: KafkaConnection(self), port)
+        self._server, self.port = await listen(
+            lambda: KafkaConnection(self), port, self.services.config.bind
+        )
         self.cluster.start(self.port)
         return self.port
 
@@ -96,7 +98,9 @@ class KafkaServer:
         """Serve Kafka's SSL and SASL_SSL security protocols on ``port`` too (after
         ``start``); Metadata then tells TLS clients the brokers' TLS ports."""
         self.tls = tls
-        self._tls_server, bound = await listen(lambda: KafkaConnection(self), port, ssl=tls.context)
+        self._tls_server, bound = await listen(
+            lambda: KafkaConnection(self), port, self.services.config.bind, ssl=tls.context
+        )
         self.cluster.set_tls_port(bound)
         return bound
 

@@ -36,6 +36,7 @@ from flowmq_core.limits import (
 from flowmq_core.message import Message, now_ms
 from flowmq_core.topics import parse_shared, validate_subscription_filter
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
+from flowmq_meta.users import RATE_LIMITED
 from flowmq_wire.mqtt import reason_codes as rc
 from flowmq_wire.mqtt.codec import MqttDecoder, PreparedPublish, encode, encode_publish
 from flowmq_wire.mqtt.errors import MqttCodecError, UnsupportedProtocolVersion
@@ -224,6 +225,11 @@ class MqttConnection(asyncio.Protocol):
         peer = self.transport.get_extra_info("peername") if self.transport else None
         return f"{peer[0]}:{peer[1]}" if peer else "?"
 
+    def _peer_ip(self) -> str:
+        """The client's IP address (what failed logins are counted against)."""
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return str(peer[0]) if peer else "?"
+
     def _codec_error(self, exc: MqttCodecError) -> None:
         if self.session is None:
             # The CONNECT itself failed: answer in the client's version where possible.
@@ -345,20 +351,101 @@ class MqttConnection(asyncio.Protocol):
         handler(self, packet)
 
     def _on_connect(self, p: Connect) -> None:
+        """CONNECT, first step: who is it.  Without a user name the answer is at hand (the
+        anonymous setting); a user name is checked off the event loop (``_authenticate``)
+        while reading stops and what was already read waits in ``_held``."""
         self.level = p.protocol_level
+        if p.properties.get("authentication_method"):
+            self._refuse_connect(rc.BAD_AUTHENTICATION_METHOD, "enhanced authentication", p)
+            return
+        if self.peer_username is not None:  # tls_cert_as_username: the certificate is the login
+            namespace = self.server.users.namespace_of(self.peer_username)
+            if namespace is None:
+                self._refuse_connect(rc.BAD_USER_NAME_OR_PASSWORD, "certificate names no user", p)
+                return
+            self._enter_namespace(namespace)
+            self._on_connect_accepted(p)
+            return
+        if not p.username:  # none, or empty (no user has an empty name): anonymous
+            if not self.server.allow_anonymous:
+                self._refuse_connect(rc.NOT_AUTHORIZED, "anonymous clients are not allowed", p)
+                return
+            self._on_connect_accepted(p)
+            return
+        self._held = []
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._loop.create_task(self._authenticate(p))
+
+    async def _authenticate(self, p: Connect) -> None:
+        """CONNECT with a user name: ``UserDirectory.authenticate`` (scrypt in its threads,
+        rate limited per client address), then the rest of CONNECT and the held packets."""
+        assert p.username is not None
+        try:
+            result = await self.server.users.authenticate(p.username, p.password, self._peer_ip())
+        except Exception:
+            log.exception("mqtt %s: checking the login of %r failed", self._peer(), p.username)
+            result = None
+        held, self._held = self._held or [], None
+        if self.closing:
+            return
+        if result is None:
+            self._refuse_connect(rc.UNSPECIFIED_ERROR, "the login could not be checked", p)
+            return
+        if not result:
+            if result.reason == RATE_LIMITED:
+                why = f"{RATE_LIMITED}: retry in {result.retry_after:.0f} s"
+                self._refuse_connect(rc.CONNECTION_RATE_EXCEEDED, why, p)
+            else:  # unknown_user or bad_password: the client is told the same
+                self._refuse_connect(rc.BAD_USER_NAME_OR_PASSWORD, result.reason, p)
+            return
+        if self.transport is not None and not self.server.is_paused(self):
+            self.transport.resume_reading()
+        if result.namespace is not None:
+            self._enter_namespace(result.namespace)
+        self._on_connect_accepted(p)
+        self._replay(held)
+        self.server.flush_dirty()
+
+    def _enter_namespace(self, namespace: str) -> None:
+        """The user's tenant (DESIGN.md §12) becomes the connection's namespace."""
+        if namespace != self.namespace:
+            self.namespace = namespace
+            self.m = mqtt_metrics(namespace)
+
+    def _refuse_connect(self, code: int, why: str, p: Connect) -> None:
+        """CONNACK with a v5 refusal ``code`` (or its 3.1.1 return code), then close."""
+        log.info(
+            "mqtt %s: CONNECT refused (0x%02X %s): %s; user name %r",
+            self._peer(),
+            code,
+            rc.reason_code_name(code),
+            why,
+            p.username,
+        )
+        self.send(Connack(False, code if self.level == 5 else rc.connack_v5_to_v311(code)))
+        self.close()
+
+    def _replay(self, held: list[Any]) -> None:
+        """Handle packets held while CONNECT waited, in order; if another wait begins
+        meanwhile (a session takeover after authentication), the rest wait behind it."""
+        server = self.server
+        server.current_publisher = self
+        try:
+            for index, packet in enumerate(held):
+                if self.closing:
+                    return
+                if self._held is not None:
+                    self._held.extend(held[index:])
+                    return
+                self._handle(packet)
+        finally:
+            server.current_publisher = None
+
+    def _on_connect_accepted(self, p: Connect) -> None:
+        """CONNECT, second step: the client may connect; check the rest, take the session."""
         props = p.properties
         v5 = self.level == 5
-        refused = self._authenticate(p)
-        if refused is not None:
-            if not v5:
-                refused = (
-                    rc.CONNACK_BAD_USERNAME_OR_PASSWORD
-                    if refused == rc.BAD_USER_NAME_OR_PASSWORD
-                    else rc.CONNACK_NOT_AUTHORIZED
-                )
-            self.send(Connack(False, refused))
-            self.close()
-            return
         if utf8_size(p.client_id) > MAX_CLIENT_ID_BYTES:
             metrics.limits_rejections_count.labels("client_id_bytes").inc()
             log.info(
@@ -444,10 +531,7 @@ class MqttConnection(asyncio.Protocol):
         if self.closing:
             return
         self._attach_session(p, expiry, assigned)
-        for packet in held:
-            if self.closing:
-                break
-            self._handle(packet)
+        self._replay(held)
         self.server.flush_dirty()
 
     def _attach_session(self, p: Connect, expiry: int, assigned: str | None) -> None:
@@ -501,19 +585,6 @@ class MqttConnection(asyncio.Protocol):
             self._resume(session)
         if session.persistent():
             self._loop.create_task(self._log_failure(server.save_session(session)))
-
-    def _authenticate(self, p: Connect) -> int | None:
-        if p.properties.get("authentication_method"):
-            return rc.BAD_AUTHENTICATION_METHOD
-        users = self.server.users
-        if self.peer_username is not None:  # the certificate is the credential
-            return None if users.known(self.peer_username) else rc.BAD_USER_NAME_OR_PASSWORD
-        if p.username is not None and users.known(p.username):
-            return None if users.check(p.username, p.password) else rc.BAD_USER_NAME_OR_PASSWORD
-        # No user name, or one we do not know: an anonymous client.
-        if self.server.allow_anonymous:
-            return None
-        return rc.BAD_USER_NAME_OR_PASSWORD if p.username is not None else rc.NOT_AUTHORIZED
 
     def _resume(self, session: Session) -> None:
         # Everything in flight is resent with its original packet id (MQTT-4.4.0-1), in the

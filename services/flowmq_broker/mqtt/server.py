@@ -64,6 +64,7 @@ class MqttServer:
         users: UserDirectory,
         *,
         node_id: str,
+        host: str = "127.0.0.1",
         allow_anonymous: bool = True,
         max_packet_size: int = 1024 * 1024,
         max_keep_alive: int = 65535,
@@ -76,6 +77,7 @@ class MqttServer:
         self.meta = meta
         self.users = users
         self.node_id = node_id
+        self.host = host  # the address the listener binds
         self.allow_anonymous = allow_anonymous
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive
@@ -115,7 +117,8 @@ class MqttServer:
             services.objects,
             services.users,
             node_id=services.node_id,
-            allow_anonymous=services.config.allow_anonymous,
+            host=services.config.bind,
+            allow_anonymous=bool(services.config.allow_anonymous),
             max_keep_alive=services.config.mqtt_max_keep_alive,
             offline=OfflineStore(services.queues.engine),
             cluster=services.cluster,
@@ -133,13 +136,15 @@ class MqttServer:
             cluster.on_node_dead.append(self.restore_sessions)
             cluster.on_links_blocked = self._links_blocked
             cluster.on_links_free = self._links_free
-        self._server, bound = await listen(lambda: MqttConnection(self), port)
+        self._server, bound = await listen(lambda: MqttConnection(self), port, self.host)
         return bound
 
     async def start_tls(self, port: int, tls: ServerTls) -> int:
         """Serve MQTT over TLS on ``port`` too (after ``start``); returns the bound port."""
         self.tls = tls
-        self._tls_server, bound = await listen(lambda: MqttConnection(self), port, ssl=tls.context)
+        self._tls_server, bound = await listen(
+            lambda: MqttConnection(self), port, self.host, ssl=tls.context
+        )
         return bound
 
     async def stop(self) -> None:

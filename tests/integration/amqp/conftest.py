@@ -92,8 +92,11 @@ class Closed(Exception):
 class RawAmqp:
     """A socket speaking AMQP through pamqp, one frame at a time."""
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection((HOST, port), timeout=TIMEOUT)
+    def __init__(self, port: int, source: str | None = None) -> None:
+        """``source``: the client's address (a 127.x.y.z of its own; default the OS's)."""
+        self.sock = socket.create_connection(
+            (HOST, port), timeout=TIMEOUT, source_address=(source, 0) if source else None
+        )
         self.buffer = b""
 
     def send(self, *frames: tuple[Any, int]) -> None:

@@ -9,6 +9,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from tests.fixtures.addresses import loopback_address
 from tests.fixtures.broker_process import start_broker
 from tests.fixtures.cli import flowmq_user
 
@@ -29,7 +30,8 @@ def connect_result(port: int, protocol: int, username: str | None, password: str
     client.on_connect_fail = lambda *a: done.set()
     if username is not None:
         client.username_pw_set(username, password)
-    client.connect("127.0.0.1", port)
+    # From an address of its own: refusals must not rate-limit the next test's logins.
+    client.connect("127.0.0.1", port, bind_address=loopback_address())
     client.loop_start()
     try:
         assert done.wait(10), "no CONNACK"

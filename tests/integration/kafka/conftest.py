@@ -75,8 +75,11 @@ class Closed(Exception):
 class RawKafka:
     """One socket; requests built with kafka-python's classes, responses decoded by them."""
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection((HOST, port), timeout=TIMEOUT)
+    def __init__(self, port: int, source: str | None = None) -> None:
+        """``source``: the client's address (a 127.x.y.z of its own; default the OS's)."""
+        self.sock = socket.create_connection(
+            (HOST, port), timeout=TIMEOUT, source_address=(source, 0) if source else None
+        )
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._buf = b""
         self._cid = 0

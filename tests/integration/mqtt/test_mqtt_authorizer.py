@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from flowmq_broker.mqtt.server import Authorizer
+from flowmq_meta.users import create_user
 from flowmq_wire.mqtt.packets import Publish, Pubrec, SubscriptionOptions, Will
 
 from .conftest import Paho, RawClient, connected, subscribed
@@ -57,9 +58,12 @@ def clients(inproc_broker):
         r.close()
 
 
-def test_denied_subscribe_v5_and_v311(authz, clients):
+def test_denied_subscribe_v5_and_v311(inproc_broker, authz, clients):
+    broker = inproc_broker.broker
+    inproc_broker.run(create_user(broker.meta, "alice", "pw"))
+    inproc_broker.run(broker.users.refresh())
     v5 = clients.raw(5)
-    v5.connect("sub5", username="alice")
+    v5.connect("sub5", username="alice", password=b"pw")
     assert v5.subscribe(
         ("a/secret/x", SubscriptionOptions(1)), ("a/open", SubscriptionOptions(1))
     ) == [0x87, 1]

@@ -84,3 +84,54 @@ def test_gossip_timing_is_configurable(tmp_path):
     assert (cfg.gossip_probe_interval, cfg.gossip_probe_timeout) == (0.4, 0.1)
     with pytest.raises(ConfigError, match="gossip_interval"):
         load_config({"gossip_interval": "fast"}, env={})
+
+
+def test_bind_defaults_to_loopback_and_anonymous_follows_it():
+    cfg = load_config({}, env={})
+    assert cfg.bind == "127.0.0.1"
+    assert cfg.allow_anonymous is None  # unset until resolved
+    assert cfg.resolved().allow_anonymous is True
+
+
+@pytest.mark.parametrize(
+    ("bind", "anonymous"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.53", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+    ],
+)
+def test_unset_allow_anonymous_is_true_only_on_loopback(bind, anonymous):
+    assert load_config({"bind": bind}, env={}).resolved().allow_anonymous is anonymous
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_explicit_allow_anonymous_wins_over_bind(explicit):
+    for bind in ("127.0.0.1", "0.0.0.0"):
+        cfg = load_config({"bind": bind, "allow_anonymous": str(explicit)}, env={})
+        assert cfg.resolved().allow_anonymous is explicit
+
+
+def test_bind_from_env_toml_and_flag(tmp_path):
+    toml = tmp_path / "c.toml"
+    toml.write_text('bind = "0.0.0.0"\nallow_anonymous = true\n')
+    from_file = load_config({}, env={}, config_file=str(toml))
+    assert (from_file.bind, from_file.allow_anonymous) == ("0.0.0.0", True)
+    env = {"FLOWMQ_BIND": "::", "FLOWMQ_ALLOW_ANONYMOUS": "false"}
+    from_env = load_config({}, env=env)
+    assert (from_env.bind, from_env.allow_anonymous) == ("::", False)
+    assert load_config({"bind": "10.1.2.3"}, env=env).bind == "10.1.2.3"
+
+
+def test_localhost_binds_the_ipv4_loopback_address():
+    assert load_config({"bind": "localhost"}, env={}).resolved().bind == "127.0.0.1"
+
+
+@pytest.mark.parametrize("bind", ["example.com", "256.0.0.1", ""])
+def test_bad_bind_is_named(bind):
+    with pytest.raises(ConfigError, match="bind must be an IP address"):
+        load_config({"bind": bind}, env={})

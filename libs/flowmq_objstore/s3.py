@@ -8,7 +8,9 @@ never go in the URL, which ends up in logs and the admin API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -19,7 +21,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 from flowmq_objstore._common import RequestHook, check_range, notify, validate_key
 from flowmq_objstore.api import ObjectNotFound, ObjectStore, ObjectStoreError
 
-_QUERY_PARAMS = ("endpoint", "region", "addressing_style")
+_QUERY_PARAMS = ("endpoint", "region", "addressing_style", "timeout")
+# Seconds a request attempt may wait to connect or for the next response bytes, and the
+# attempts per call (botocore's "standard" retries: exponential backoff with jitter).  A
+# whole call is bounded too, so a hung server fails a flush instead of stalling it.
+DEFAULT_TIMEOUT_S = 10.0
+ATTEMPTS = 3
 _ADDRESSING_STYLES = ("path", "virtual", "auto")
 # Loose on purpose: legacy us-east-1 buckets allow upper case and underscores.
 _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{1,254}$")
@@ -83,12 +90,23 @@ def parse_s3_url(url: str) -> dict[str, Any]:
             f"bad object store URL {url!r}: addressing_style must be one of "
             f"{', '.join(_ADDRESSING_STYLES)}"
         )
+    timeout = DEFAULT_TIMEOUT_S
+    if "timeout" in params:
+        try:
+            timeout = float(params["timeout"])
+        except ValueError:
+            timeout = 0.0
+        if not 0 < timeout <= 3600:
+            raise ObjectStoreError(
+                f"bad object store URL {url!r}: timeout must be seconds in (0, 3600]"
+            )
     return {
         "bucket": bucket,
         "prefix": prefix,
         "endpoint_url": endpoint,
         "region": params.get("region"),
         "addressing_style": style,
+        "timeout": timeout,
     }
 
 
@@ -115,6 +133,7 @@ class S3ObjectStore(ObjectStore):
         list_page_size: int | None = None,
         max_pool_connections: int = 32,
         url: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.bucket = bucket
         self.prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
@@ -129,6 +148,9 @@ class S3ObjectStore(ObjectStore):
         self._client: Any = None
         self._client_cm: Any = None
         self._client_lock = asyncio.Lock()
+        self.timeout = timeout
+        # Every attempt may take its full timeout, plus the backoff between attempts.
+        self._call_timeout = timeout * ATTEMPTS + 2.0
 
     @classmethod
     def from_url(cls, url: str, *, on_request: RequestHook | None = None) -> S3ObjectStore:
@@ -142,7 +164,9 @@ class S3ObjectStore(ObjectStore):
                 config = AioConfig(
                     s3={"addressing_style": self.addressing_style},
                     max_pool_connections=self._max_pool_connections,
-                    retries={"mode": "standard"},
+                    retries={"mode": "standard", "max_attempts": ATTEMPTS},
+                    connect_timeout=self.timeout,
+                    read_timeout=self.timeout,
                     # botocore >= 1.36 adds CRC trailers by default, which older MinIO and
                     # Ceph reject; only send/verify checksums where the API demands them.
                     request_checksum_calculation="when_required",
@@ -165,6 +189,17 @@ class S3ObjectStore(ObjectStore):
         validate_key(key)
         return self.prefix + key
 
+    @contextlib.asynccontextmanager
+    async def _bounded(self, op: str, key: str) -> AsyncIterator[None]:
+        """One call, retries included, within ``_call_timeout``."""
+        try:
+            async with asyncio.timeout(self._call_timeout):
+                yield
+        except TimeoutError:
+            raise ObjectStoreError(
+                f"{op} {key!r} on {self.url} timed out after {self._call_timeout:.0f} s"
+            ) from None
+
     def _error(self, op: str, key: str, e: Exception) -> ObjectStoreError:
         if isinstance(e, ClientError) and _error_code(e) in _NOT_FOUND_CODES:
             return ObjectNotFound(f"object {key!r} not found in {self.url}")
@@ -175,7 +210,8 @@ class S3ObjectStore(ObjectStore):
         client = await self._get_client()
         size = 0
         try:
-            await client.put_object(Bucket=self.bucket, Key=s3_key, Body=data)
+            async with self._bounded("put", key):
+                await client.put_object(Bucket=self.bucket, Key=s3_key, Body=data)
             size = len(data)
         except (BotoCoreError, ClientError) as e:
             raise self._error("put", key, e) from e
@@ -188,24 +224,8 @@ class S3ObjectStore(ObjectStore):
         client = await self._get_client()
         size = 0
         try:
-            if end is not None and end <= start:
-                # An HTTP Range cannot be empty; HEAD keeps "missing key raises" consistent.
-                await client.head_object(Bucket=self.bucket, Key=s3_key)
-                return b""
-            kwargs: dict[str, Any] = {}
-            if start or end is not None:
-                kwargs["Range"] = f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
-            try:
-                resp = await client.get_object(Bucket=self.bucket, Key=s3_key, **kwargs)
-            except ClientError as e:
-                if _error_code(e) == "InvalidRange":
-                    return b""  # start at or past the end of an existing object
-                raise
-            async with resp["Body"] as body:
-                data: bytes = await body.read()
-            if kwargs and "ContentRange" not in resp:
-                # Some S3 look-alikes ignore Range and send the whole object.
-                data = data[start:end]
+            async with self._bounded("get", key):
+                data = await self._get(client, s3_key, start, end)
             size = len(data)
             return data
         except (BotoCoreError, ClientError) as e:
@@ -213,12 +233,34 @@ class S3ObjectStore(ObjectStore):
         finally:
             notify(self._on_request, "get", size)
 
+    async def _get(self, client: Any, s3_key: str, start: int, end: int | None) -> bytes:
+        if end is not None and end <= start:
+            # An HTTP Range cannot be empty; HEAD keeps "missing key raises" consistent.
+            await client.head_object(Bucket=self.bucket, Key=s3_key)
+            return b""
+        kwargs: dict[str, Any] = {}
+        if start or end is not None:
+            kwargs["Range"] = f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
+        try:
+            resp = await client.get_object(Bucket=self.bucket, Key=s3_key, **kwargs)
+        except ClientError as e:
+            if _error_code(e) == "InvalidRange":
+                return b""  # start at or past the end of an existing object
+            raise
+        async with resp["Body"] as body:
+            data: bytes = await body.read()
+        if kwargs and "ContentRange" not in resp:
+            # Some S3 look-alikes ignore Range and send the whole object.
+            data = data[start:end]
+        return data
+
     async def delete(self, key: str) -> None:
         s3_key = self._key(key)
         client = await self._get_client()
         try:
             # S3 answers 204 for a missing key too, which is exactly the contract.
-            await client.delete_object(Bucket=self.bucket, Key=s3_key)
+            async with self._bounded("delete", key):
+                await client.delete_object(Bucket=self.bucket, Key=s3_key)
         except (BotoCoreError, ClientError) as e:
             raise self._error("delete", key, e) from e
         finally:
@@ -234,7 +276,8 @@ class S3ObjectStore(ObjectStore):
         # Paginated by hand so the metrics hook sees every HTTP request.
         while True:
             try:
-                resp = await client.list_objects_v2(**kwargs)
+                async with self._bounded("list", prefix):
+                    resp = await client.list_objects_v2(**kwargs)
             except (BotoCoreError, ClientError) as e:
                 raise ObjectStoreError(f"list {prefix!r} on {self.url} failed: {e}") from e
             finally:

@@ -14,6 +14,7 @@ import os
 import random
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from flowmq_objstore import (
 )
 from flowmq_objstore._common import TEMP_PREFIX
 from flowmq_objstore.s3 import S3ObjectStore, parse_s3_url
+from tests.fixtures.s3 import _FAKE_ENV
 
 # -- the contract, on every backend -----------------------------------------------------------
 
@@ -280,6 +282,8 @@ async def test_broken_hook_does_not_break_storage(store_url: str) -> None:
         ("s3://bucket?addressing_style=sideways", "addressing_style"),
         ("s3://bucket/../up", "key prefix"),
         ("s3://bucket#frag", "fragment"),
+        ("s3://bucket?timeout=0", "timeout"),
+        ("s3://bucket?timeout=soon", "timeout"),
     ],
 )
 def test_bad_urls(url: str, fragment: str) -> None:
@@ -495,3 +499,34 @@ async def test_s3_unreachable_endpoint(s3_server: str) -> None:
         assert not isinstance(exc.value, ObjectNotFound)
     finally:
         await store.close()
+
+
+async def test_a_hung_s3_server_fails_each_call_within_its_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that accepts connections and never answers (a hung S3 endpoint) fails every
+    call within the configured timeout, retries included, instead of stalling its caller."""
+    for name, value in _FAKE_ENV.items():
+        monkeypatch.setenv(name, value)
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def swallow(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # kept open, never answered
+
+    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    store = open_object_store(f"s3://hung?endpoint=http://127.0.0.1:{port}&timeout=0.3")
+    try:
+        ceiling = 0.3 * 3 + 2.0 + 1.0  # the attempts, the backoff allowance, scheduling
+        for call in (lambda: store.put("k", b"v"), lambda: store.get("k")):
+            started = time.monotonic()
+            with pytest.raises(ObjectStoreError):
+                await call()
+            elapsed = time.monotonic() - started
+            assert elapsed < ceiling, f"a call took {elapsed:.1f} s"
+        assert accepted, "the store never reached the server"
+    finally:
+        await store.close()
+        for writer in accepted:
+            writer.close()
+        server.close()

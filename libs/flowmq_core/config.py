@@ -41,6 +41,7 @@ class BrokerConfig:
     # Kafka's auto.create.topics.enable: Metadata/Produce for an unknown topic creates it.
     kafka_auto_create_topics: bool = True
     log_level: str = "info"
+    log_format: str = "text"  # text (human) or json (one JSON object per line)
     # Mosquitto's max_keepalive: a v5 client asking for more (or for none) is told this
     # value as the server keep alive; 3.1.1 clients are held to it without being told.
     mqtt_max_keep_alive: int = 65535
@@ -87,6 +88,8 @@ class BrokerConfig:
             raise ConfigError(
                 f"log_level must be debug, info, warning or error; got {self.log_level}"
             )
+        if self.log_format.lower() not in {"text", "json"}:
+            raise ConfigError(f"log_format must be text or json; got {self.log_format}")
         try:
             ipaddress.ip_address(self.cluster_bind)
         except ValueError:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from flowmq_broker.launcher import add_cluster_parser, cluster_command
+from flowmq_broker.logfmt import configure_logging
 from flowmq_broker.runtime import tune_interpreter
 from flowmq_broker.server import Broker, StartupError
 from flowmq_core.config import ALL_ROLES, BrokerConfig, ConfigError, load_config
@@ -50,6 +51,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "admin_token": "admin API Bearer token (default: generated once, kept in <data-dir>/admin_token)",
         "allow_anonymous": "true or false: may clients connect without a user name (default true)",
         "log_level": "debug, info, warning or error (default info)",
+        "log_format": "text (default) or json: one JSON object per log line",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "
         "a v5 client asking for more or for none is given this as server keep alive",
         "gossip_interval": f"seconds between gossip rounds (default {defaults.gossip_interval})",
@@ -145,13 +147,6 @@ async def _user_command(config: BrokerConfig, args: argparse.Namespace) -> int:
         await store.close()
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
 async def _serve(config: BrokerConfig) -> int:
     tune_interpreter()
     broker = Broker(config)
@@ -200,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"flowmq: {exc}", file=sys.stderr)
             return 2
-        _configure_logging(config.log_level)
+        configure_logging(config.log_level, config.log_format)
         try:
             import uvloop
         except ImportError:  # uvloop is optional (not built for every platform)

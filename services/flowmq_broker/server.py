@@ -20,8 +20,11 @@ import flowmq_metrics as metrics
 from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
 from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.group_admin import GroupAdmin
+from flowmq_broker.live import LiveViews
 from flowmq_broker.nodes import NodeRegistry
 from flowmq_broker.queues import QueueService
+from flowmq_broker.readiness import Readiness
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.streams import StreamDestinationType
@@ -31,6 +34,7 @@ from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_core.config import BrokerConfig, ConfigError
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
+from flowmq_core.version import flowmq_version
 from flowmq_jobs.stream_maintenance import INTERVAL_S as STREAM_MAINTENANCE_INTERVAL_S
 from flowmq_jobs.stream_maintenance import StreamMaintenance
 from flowmq_kas3.page_cache import PageCache
@@ -43,6 +47,7 @@ from flowmq_objstore import open_object_store
 from flowmq_objstore.api import ObjectStore, ObjectStoreError
 
 if TYPE_CHECKING:
+    from flowmq_broker.kafka.server import KafkaServer
     from flowmq_broker.mqtt.server import MqttServer
 
 log = logging.getLogger(__name__)
@@ -135,11 +140,20 @@ class Broker:
         self.queues: QueueService | None = None
         self.cluster: ClusterRouting | None = None
         self.cluster_secret: ClusterSecret | None = None
+        # The operations surface (admin API's health, counts, groups): built in ``start``.
+        self.live: LiveViews | None = None
+        self.group_admin: GroupAdmin | None = None
+        self.readiness: Readiness | None = None
+        self.stopping = False
         self._ignore_events = os.environ.get(IGNORE_EVENTS_ENV) == "1"
 
     @property
     def mqtt(self) -> MqttServer | None:
         return self.adapters.get("mqtt")
+
+    @property
+    def kafka(self) -> KafkaServer | None:
+        return self.adapters.get("kafka")
 
     # --- AdminBackend ---------------------------------------------------------------
     def _destinations(self, bindings: Any) -> list[Destination]:
@@ -157,6 +171,25 @@ class Broker:
         if pending:
             await asyncio.gather(*pending)
         return self._destinations(bindings)
+
+    async def publish_many(
+        self, namespace: str, messages: list[Message]
+    ) -> list[list[Destination]]:
+        """Publish ``messages`` in order, then wait for all of them: one group commit can
+        carry the whole batch, where awaiting each in turn costs a flush per message."""
+        routed: list[list[Destination]] = []
+        pending: list[Any] = []
+        for message in messages:
+            if message.retain and self.mqtt is not None:
+                await self.mqtt.retained.set(namespace, message)
+            bindings, waits = self.router.dispatch(namespace, message)
+            pending.extend(waits)
+            routed.append(self._destinations(bindings))
+        outcomes = await asyncio.gather(*pending, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return routed
 
     def subscriber_nodes(self, namespace: str, topic: str) -> list[str]:
         local = any(not self.router.is_durable(b) for b in self.router.match(namespace, topic))
@@ -194,6 +227,93 @@ class Broker:
         assert self.sync is not None
         await self.sync.refresh()
         self._announce(METADATA_EVENT, {"version": self.router.version})
+
+    # --- AdminBackend: the operations surface (DESIGN.md §9) ---------------------------
+    async def readiness_checks(self) -> dict[str, dict[str, Any]]:
+        assert self.readiness is not None
+        return await self.readiness.checks()
+
+    def _cluster_state(self) -> tuple[str | None, dict[str, Any]]:
+        if self.stopping:
+            return "the broker is stopping", {}
+        if self.gossip is None:
+            return "gossip is not running", {}
+        return None, {"members": self.gossip.cluster_size}
+
+    async def stream_counts(self, dest: Destination) -> dict[str, Any]:
+        assert self.live is not None
+        partitions = int(dest.options.get("partitions", 1))
+        return await self.live.stream_counts(dest.namespace, dest.name, partitions)
+
+    async def queue_counts(self, dest: Destination) -> dict[str, Any]:
+        assert self.live is not None
+        return await self.live.queue_counts(dest.namespace, dest.name)
+
+    async def read_stream(
+        self,
+        namespace: str,
+        name: str,
+        partition: int,
+        offset: int | None,
+        limit: int,
+        wait_ms: int,
+    ) -> dict[str, Any]:
+        assert self.live is not None
+        return await self.live.read_stream(namespace, name, partition, offset, limit, wait_ms)
+
+    async def peek_queue(self, namespace: str, name: str, limit: int) -> list[dict[str, Any]]:
+        assert self.queues is not None
+        found = await self.queues.engine.peek(namespace, name, limit)
+        return [{"seq": seq, "redelivered": attempt > 0, "message": m} for seq, attempt, m in found]
+
+    async def take_from_queue(self, namespace: str, name: str, limit: int) -> list[dict[str, Any]]:
+        """Up to ``limit`` messages taken off the queue for good (Basic.Get with no-ack)."""
+        assert self.queues is not None
+        taken = []
+        for _ in range(limit):
+            delivery, _left = await self.queues.engine.get(namespace, name, no_ack=True)
+            if delivery is None:
+                break
+            taken.append(
+                {
+                    "seq": delivery.seq,
+                    "redelivered": delivery.redelivered,
+                    "message": delivery.message,
+                }
+            )
+        return taken
+
+    async def purge_queue(self, namespace: str, name: str) -> int:
+        assert self.queues is not None
+        return await self.queues.engine.purge(namespace, name)
+
+    async def groups(self, namespace: str) -> list[dict[str, Any]]:
+        assert self.group_admin is not None
+        return await self.group_admin.list(namespace)
+
+    async def group(self, namespace: str, group: str) -> dict[str, Any]:
+        assert self.group_admin is not None
+        return await self.group_admin.describe(namespace, group)
+
+    async def reset_group_offsets(
+        self, namespace: str, group: str, stream: str, to: str | int, partition: int | None
+    ) -> dict[str, Any]:
+        assert self.group_admin is not None
+        return await self.group_admin.reset(namespace, group, stream, to, partition)
+
+    def clients(self) -> list[dict[str, Any]]:
+        """Every client connection of this broker, MQTT, AMQP and Kafka."""
+        found: list[dict[str, Any]] = []
+        for role in PROTOCOL_ADAPTERS:
+            adapter = self.adapters.get(role)
+            if adapter is not None:
+                found.extend(adapter.clients())
+        return found
+
+    def disconnect_client(self, connection_id: str) -> bool:
+        protocol = connection_id.partition(":")[0]
+        adapter = self.adapters.get(protocol) if protocol in PROTOCOL_ADAPTERS else None
+        return adapter is not None and adapter.disconnect_client(connection_id)
 
     def _announce(self, kind: str, payload: dict[str, Any]) -> None:
         if self.gossip is not None:
@@ -252,6 +372,7 @@ class Broker:
         self.router.register_type(StreamDestinationType(self.streams, self.router))
         self.queues = QueueService(self.router, self.catalog, self.meta, self.objects, self.batcher)
         self.queues.start()
+        self.live = LiveViews(self.streams, self.queues.engine)
         self.maintenance = PeriodicTask(
             "stream-maintenance",
             STREAM_MAINTENANCE_INTERVAL_S,
@@ -277,7 +398,13 @@ class Broker:
         await self._start_cluster_links()
         await self._start_gossip()
         self.nodes_registry = NodeRegistry(
-            self.meta, self.node_id, {"roles": cfg.roles, "ports": self.ports}
+            self.meta,
+            self.node_id,
+            {"roles": cfg.roles, "ports": self.ports, "version": flowmq_version()},
+        )
+        self.readiness = Readiness(self.node_id, self.meta, self.objects, self._cluster_state)
+        self.group_admin = GroupAdmin(
+            self.meta, self.catalog, self.streams, lambda: self.kafka, self.nodes
         )
         self.services = BrokerServices(
             config=cfg,
@@ -439,6 +566,7 @@ class Broker:
     async def stop(self) -> None:
         """Stop in the reverse order of start; a step that fails is logged and the rest
         still run, so the meta store is closed (and its lock released) whatever happens."""
+        self.stopping = True  # readiness answers 503 from now on
         if self.gossip is not None:
             await _logged("leave the cluster", self.gossip.stop(leave=True))
         for role, adapter in list(self.adapters.items()):
@@ -450,6 +578,7 @@ class Broker:
         parts: list[tuple[str, Any, str]] = [
             ("stop stream maintenance", self.maintenance, "stop"),
             ("stop the queues", self.queues, "stop"),
+            ("flush group offset resets", self.group_admin, "close"),
             ("stop the catalog sync", self.sync, "stop"),
             ("flush the batcher", self.batcher, "close"),
             ("remove the node entry", self.nodes_registry, "stop"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 
 import pika
 import pytest
@@ -64,6 +65,42 @@ def test_ready_turns_503_while_the_object_store_is_unusable_and_recovers(tmp_pat
         assert api(broker, "GET", "/ready", token=None)[0] == 200
     finally:
         assert broker.stop() == 0
+
+
+def test_ready_turns_503_while_the_s3_server_is_stopped_and_recovers(tmp_path, monkeypatch):
+    """A real S3 server (moto) of the test's own: stopped, the probe put fails or times out;
+    started again on the same port (moto keeps its buckets in memory), the broker is ready."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tests.fixtures.s3 import _CLEARED_ENV, _FAKE_ENV, S3_REGION
+
+    for name, value in _FAKE_ENV.items():
+        monkeypatch.setenv(name, value)
+    for name in _CLEARED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    bucket = f"ready-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint, region_name=S3_REGION).create_bucket(Bucket=bucket)
+    broker = start_broker(
+        tmp_path / "data", "--objects", f"s3://{bucket}?endpoint={endpoint}&region={S3_REGION}"
+    )
+    try:
+        assert api(broker, "GET", "/ready", token=None)[0] == 200
+        server.stop()
+        status, body = api(broker, "GET", "/ready", token=None)
+        assert status == 503 and body["error"]["details"]["failed"] == ["objects"], body
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        wait_until(lambda: api(broker, "GET", "/ready", token=None)[0] == 200, 20, step=0.2,
+                   what="ready again")  # fmt: skip
+    finally:
+        broker.stop()
+        server.stop()
 
 
 def test_ready_turns_503_when_the_broker_stops(tmp_path):

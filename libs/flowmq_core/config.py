@@ -45,6 +45,7 @@ class BrokerConfig:
     # Kafka's auto.create.topics.enable: Metadata/Produce for an unknown topic creates it.
     kafka_auto_create_topics: bool = True
     log_level: str = "info"
+    log_format: str = "text"  # text (human) or json (one JSON object per line)
     # Mosquitto's max_keepalive: a v5 client asking for more (or for none) is told this
     # value as the server keep alive; 3.1.1 clients are held to it without being told.
     mqtt_max_keep_alive: int = 65535
@@ -115,6 +116,8 @@ class BrokerConfig:
                     f"bind must be an IP address (127.0.0.1, 0.0.0.0, 10.0.0.5, ::) or "
                     f"localhost; got {self.bind!r}"
                 ) from None
+        if self.log_format.lower() not in {"text", "json"}:
+            raise ConfigError(f"log_format must be text or json; got {self.log_format}")
         try:
             ipaddress.ip_address(self.cluster_bind)
         except ValueError:

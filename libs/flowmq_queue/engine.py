@@ -23,7 +23,7 @@ from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_commit.clock import Clock
 from flowmq_core.message import Message, now_ms
 from flowmq_meta import MetaStore, Transaction
-from flowmq_objstore import ObjectStore
+from flowmq_objstore import ObjectNotFound, ObjectStore
 from flowmq_queue import index
 from flowmq_queue.bodies import BodyCache, load_run
 from flowmq_queue.claims import ClaimRounds, OptionsFn, QueueParts
@@ -215,6 +215,22 @@ class QueueEngine:
         self.claims.forget(ns, queue)
         while await self.meta.transact(functools.partial(_delete_txn, ns, queue, self.clock())):
             pass
+
+    async def peek(self, ns: str, queue: str, limit: int) -> list[tuple[int, int, Message]]:
+        """Read only: ``(seq, attempt, message)`` of up to ``limit`` of the oldest ready
+        messages, left where they are (an operator's look; consumers are not disturbed)."""
+        opts = self.options(ns, queue) or QueueOptions()
+        runs = await self.meta.transact(
+            lambda tr: index.peek_ready(tr, ns, queue, opts.shards, limit)
+        )
+        out: list[tuple[int, int, Message]] = []
+        for run in runs:
+            try:
+                messages = await load_run(self.objects, self.cache, run)
+            except ObjectNotFound:  # consumed and collected meanwhile
+                continue
+            out.extend(zip(run.seqs, run.attempts, messages, strict=True))
+        return out
 
     async def stats(self, ns: str, queue: str) -> dict[str, int]:
         return await self.meta.transact(lambda tr: index.stats(tr, ns, queue))

@@ -484,6 +484,20 @@ def reap(
     return moved, to_publish
 
 
+def peek_ready(tr: Transaction, ns: str, queue: str, shards: int, limit: int) -> list[Run]:
+    """Read only: the oldest ready messages (up to ``limit``, as runs in seq order), for an
+    operator's look at a queue; nothing is claimed, leased or counted."""
+    out: list[Run] = []
+    left = limit
+    for _, _, run in _oldest_ready(tr, ns, queue, shards):
+        if left <= 0:
+            break
+        part = run.slice(0, min(left, len(run)))
+        out.append(part)
+        left -= len(part)
+    return out
+
+
 # --- whole-queue operations ---------------------------------------------------------------------
 
 

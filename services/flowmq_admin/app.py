@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import hmac
 import logging
-from importlib.metadata import PackageNotFoundError, version
+import re
 
 from aiohttp import web
 
 import flowmq_metrics
 from flowmq_admin import handlers as h
+from flowmq_admin import live_handlers as lh
+from flowmq_admin import live_schemas as ls
 from flowmq_admin import schemas
 from flowmq_admin.envelope import ApiError, error_response, from_exception, ok
 from flowmq_admin.openapi import build_document
-from flowmq_admin.operations import Operation, Param
+from flowmq_admin.operations import PARAMS_KEY, Operation, Param
 from flowmq_admin.validation import validate
 from flowmq_core.errors import FlowMQError
+from flowmq_core.version import flowmq_version
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,32 @@ _TOPIC_PATH = Param(
     "or percent-encoded.",
     multi_level=True,
 )
+_GROUP = Param(
+    "group",
+    "path",
+    {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^/]+$"},
+    required=True,
+    description="Consumer group id (Kafka group.id)",
+)
+_CLIENT_ID = Param(
+    "id",
+    "path",
+    # Client ids are at most MAX_CLIENT_ID_BYTES; 1024 characters leave room for addresses.
+    {"type": "string", "minLength": 1, "maxLength": 1024},
+    required=True,
+    description="A connection id from GET /clients (protocol:address), or an MQTT client "
+    "identifier ('/' may be sent as-is or percent-encoded).",
+    multi_level=True,
+)
+
+
+def _int_query(name: str, minimum: int, maximum: int, default: int | None, text: str) -> Param:
+    schema: dict = {"type": "integer", "minimum": minimum, "maximum": maximum}
+    if default is not None:
+        schema["default"] = default
+    return Param(name, "query", schema, description=text)
+
+
 _USERNAME = Param(
     "username",
     "path",
@@ -57,13 +86,6 @@ _USERNAME = Param(
     description="The user name; '/' may be sent as-is or percent-encoded.",
     multi_level=True,
 )
-
-
-def _flowmq_version() -> str:
-    try:
-        return version("flowmq")
-    except PackageNotFoundError:  # running from a source tree without install
-        return "0.0.0"
 
 
 def _destination_operations(
@@ -92,8 +114,70 @@ def _destination_operations(
 
 
 async def _openapi(request: web.Request, backend: object) -> web.Response:
-    document = build_document(request.app[OPERATIONS_KEY], _flowmq_version())
+    document = build_document(request.app[OPERATIONS_KEY], flowmq_version())
     return web.json_response(document)
+
+
+def _live_operations() -> list[Operation]:
+    """Health, readiness, reads, purge, consumer groups and clients (live_handlers.py)."""
+    stream_messages = (
+        _NAME,
+        _int_query("partition", 0, 1023, 0, "Partition to read (default 0)."),
+        _int_query("offset", 0, 2**62, None, "First offset (default: the log start)."),
+        _int_query("limit", 1, 1000, 100, "Most records to return (default 100)."),
+        _int_query("wait_ms", 0, 30000, 0,
+                   "Wait up to this long for a record when there is none yet (default 0)."),
+        _NAMESPACE_QUERY,
+    )  # fmt: skip
+    queue = (_NAME, _NAMESPACE_QUERY)
+    return [
+        Operation("GET", f"{API}/health", lh.health, "getHealth",
+                  "Liveness: the broker answers (no token needed)", "Operations", ls.HEALTH,
+                  auth=False, errors=()),
+        Operation("GET", f"{API}/ready", lh.ready, "getReady",
+                  "Readiness: meta store, object store and cluster plane usable (no token "
+                  "needed); 503 names the failed check", "Operations", ls.READY,
+                  auth=False, errors=(503,)),
+        Operation("GET", f"{API}/streams/{{name}}/messages", lh.read_stream, "readStream",
+                  "Read records of one stream partition (nothing is committed)", "Streams",
+                  ls.STREAM_MESSAGES, params=stream_messages, errors=(400, 401, 404, 422)),
+        Operation("GET", f"{API}/queues/{{name}}/messages", lh.peek_queue, "peekQueue",
+                  "Look at the oldest ready messages, leaving them in the queue", "Queues",
+                  ls.QUEUE_MESSAGES,
+                  params=(*queue, _int_query("limit", 1, 100, 10, "Most messages (default 10).")),
+                  errors=(400, 401, 404, 422)),
+        Operation("POST", f"{API}/queues/{{name}}/messages/take", lh.take_from_queue,
+                  "takeFromQueue", "Take messages off the queue for good (get with ack)",
+                  "Queues", ls.QUEUE_MESSAGES, body=ls.QUEUE_TAKE, params=queue,
+                  errors=(400, 401, 404, 413, 422)),
+        Operation("POST", f"{API}/queues/{{name}}/purge", lh.purge_queue, "purgeQueue",
+                  "Drop every ready message of a queue", "Queues", ls.QUEUE_PURGED,
+                  params=queue, errors=(400, 401, 404, 422)),
+        Operation("GET", f"{API}/groups", lh.list_groups, "listGroups",
+                  "Consumer groups of a namespace", "Groups",
+                  {"type": "array", "items": ls.GROUP_SUMMARY}, params=(_NAMESPACE_QUERY,),
+                  errors=(400, 401, 404, 422)),
+        Operation("GET", f"{API}/groups/{{group}}", lh.get_group, "getGroup",
+                  "A consumer group: members (if this broker coordinates it), committed "
+                  "offsets and lag", "Groups", ls.GROUP, params=(_GROUP, _NAMESPACE_QUERY),
+                  errors=(400, 401, 404, 422)),
+        Operation("POST", f"{API}/groups/{{group}}/reset-offsets", lh.reset_group_offsets,
+                  "resetGroupOffsets",
+                  "Set a group's committed offsets on a stream; refused while it has members",
+                  "Groups", ls.GROUP_RESET_RESULT, body=ls.GROUP_RESET,
+                  params=(_GROUP, _NAMESPACE_QUERY), errors=(400, 401, 404, 409, 413, 422)),
+        Operation("GET", f"{API}/clients", lh.list_clients, "listClients",
+                  "Client connections on this broker (MQTT, AMQP, Kafka)", "Clients",
+                  {"type": "array", "items": ls.CLIENT},
+                  params=(Param("protocol", "query",
+                                {"type": "string", "enum": ["mqtt", "amqp", "kafka"]},
+                                description="Only this protocol's connections."),),
+                  errors=(400, 401, 422)),
+        Operation("DELETE", f"{API}/clients/{{id}}", lh.disconnect_client, "disconnectClient",
+                  "Disconnect a client (MQTT v5: DISCONNECT 0x98 administrative action)",
+                  "Clients", ls.CLIENTS_DISCONNECTED, params=(_CLIENT_ID,),
+                  errors=(400, 401, 404, 422)),
+    ]  # fmt: skip
 
 
 def operations() -> list[Operation]:
@@ -102,6 +186,7 @@ def operations() -> list[Operation]:
         Operation("GET", f"{API}/openapi.json", _openapi, "getOpenApi",
                   "This OpenAPI document", "Meta", auth=False, errors=(),
                   raw_response={"type": "object"}),
+        *_live_operations(),
         Operation("GET", f"{API}/namespaces", h.list_namespaces, "listNamespaces",
                   "List namespaces", "Namespaces", {"type": "array", "items": schemas.NAMESPACE},
                   errors=(401,)),
@@ -151,22 +236,33 @@ def operations() -> list[Operation]:
     ]  # fmt: skip
 
 
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+
+
 def _check_params(op: Operation, request: web.Request) -> None:
-    """Hold path and query parameters to the schemas the OpenAPI document gives them."""
+    """Hold path and query parameters to the schemas the OpenAPI document gives them; the
+    values, integers parsed, are left in ``request[PARAMS_KEY]`` for the handler."""
+    parsed: dict[str, object] = {}
     for param in op.params:
         source = request.match_info if param.location == "path" else request.query
-        value = source.get(param.name)
-        if value is None:
+        raw = source.get(param.name)
+        if raw is None:
             if param.required:
                 raise ApiError("bad_request", f"query parameter {param.name!r} is required")
             continue
+        where = f"{param.location} parameter {param.name}: "
+        value: object = raw
+        if param.schema.get("type") == "integer":
+            if not _INTEGER.fullmatch(raw):
+                raise ApiError("validation_failed", f"{where}{raw[:40]!r} is not an integer")
+            value = int(raw)
         try:
             validate(param.schema, value)
         except ApiError as exc:
-            exc.message = f"{param.location} parameter {param.name}: " + exc.message.removeprefix(
-                "body: "
-            )
+            exc.message = where + exc.message.removeprefix("body: ")
             raise
+        parsed[param.name] = value
+    request[PARAMS_KEY] = parsed
 
 
 def _wrap(op: Operation):

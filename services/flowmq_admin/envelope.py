@@ -21,8 +21,11 @@ STATUS_BY_CODE = {
     "already_exists": 409,
     "name_collision": 409,
     "not_empty": 409,
+    "group_active": 409,
+    "not_coordinator": 409,
     "payload_too_large": 413,
     "destination_unavailable": 503,
+    "not_ready": 503,
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -54,6 +54,47 @@ class AdminBackend(Protocol):
     async def metadata_changed(self) -> None:
         """Called after a catalog change so this broker routes by it at once."""
 
+    # --- operations (live_handlers.py) ----------------------------------------------------
+    node_id: str
+
+    async def readiness_checks(self) -> dict[str, dict[str, Any]]:
+        """``{"meta"|"objects"|"cluster": {"ok", "ms", "error", …}}``."""
+
+    async def stream_counts(self, dest: Destination) -> dict[str, Any]: ...
+
+    async def queue_counts(self, dest: Destination) -> dict[str, Any]: ...
+
+    async def read_stream(
+        self,
+        namespace: str,
+        name: str,
+        partition: int,
+        offset: int | None,
+        limit: int,
+        wait_ms: int,
+    ) -> dict[str, Any]:
+        """``{"records": [kas3 Record], "next_offset", "high_watermark", "log_start_offset"}``."""
+
+    async def peek_queue(self, namespace: str, name: str, limit: int) -> list[dict[str, Any]]:
+        """``[{"seq", "redelivered", "message": Message}]``, left in the queue."""
+
+    async def take_from_queue(self, namespace: str, name: str, limit: int) -> list[dict[str, Any]]:
+        """As ``peek_queue``, but taken off the queue for good."""
+
+    async def purge_queue(self, namespace: str, name: str) -> int: ...
+
+    async def groups(self, namespace: str) -> list[dict[str, Any]]: ...
+
+    async def group(self, namespace: str, group: str) -> dict[str, Any]: ...
+
+    async def reset_group_offsets(
+        self, namespace: str, group: str, stream: str, to: str | int, partition: int | None
+    ) -> dict[str, Any]: ...
+
+    def clients(self) -> list[dict[str, Any]]: ...
+
+    def disconnect_client(self, connection_id: str) -> bool: ...
+
 
 def namespace_of(request: web.Request) -> str:
     namespace = request.query.get("namespace", DEFAULT_NAMESPACE)
@@ -92,6 +133,8 @@ class DestinationResource:
     update_schema: schemas.Schema
     build: Callable[[str, str, dict[str, Any], Destination | None], Destination]
     view: Callable[[Destination], dict[str, Any]]
+    # Live counts added to GET answers (from the meta store; see the schemas).
+    counts: Callable[[AdminBackend, Destination], Awaitable[dict[str, Any]]]
 
 
 def _options(
@@ -155,11 +198,27 @@ def _view_queue(dest: Destination) -> dict[str, Any]:
 
 
 STREAMS = DestinationResource(
-    STREAM, schemas.STREAM_CREATE, schemas.STREAM_UPDATE, _build_stream, _view_stream
+    STREAM,
+    schemas.STREAM_CREATE,
+    schemas.STREAM_UPDATE,
+    _build_stream,
+    _view_stream,
+    lambda backend, dest: backend.stream_counts(dest),
 )
 QUEUES = DestinationResource(
-    QUEUE, schemas.QUEUE_CREATE, schemas.QUEUE_UPDATE, _build_queue, _view_queue
+    QUEUE,
+    schemas.QUEUE_CREATE,
+    schemas.QUEUE_UPDATE,
+    _build_queue,
+    _view_queue,
+    lambda backend, dest: backend.queue_counts(dest),
 )
+
+
+async def _live_view(
+    resource: DestinationResource, backend: AdminBackend, dest: Destination
+) -> dict[str, Any]:
+    return {**resource.view(dest), **await resource.counts(backend, dest)}
 
 
 def list_handler(resource: DestinationResource):
@@ -167,7 +226,7 @@ def list_handler(resource: DestinationResource):
         namespace = namespace_of(request)
         await backend.catalog.get_namespace(namespace)
         found = await backend.catalog.list_destinations(namespace, resource.type)
-        return [resource.view(dest) for dest in found]
+        return [await _live_view(resource, backend, dest) for dest in found]
 
     return handler
 
@@ -188,7 +247,7 @@ def get_handler(resource: DestinationResource):
         dest = await backend.catalog.get_destination(
             namespace_of(request), request.match_info["name"], resource.type
         )
-        return resource.view(dest)
+        return await _live_view(resource, backend, dest)
 
     return handler
 

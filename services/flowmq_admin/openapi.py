@@ -17,7 +17,8 @@ _REASONS = {
     409: "Conflict (already exists, name collision, not empty)",
     413: "Request body too large",
     422: "Validation failed",
-    503: "A matched destination cannot be served by this broker",
+    503: "Unavailable: a matched destination cannot be served by this broker (publish), "
+    "or a readiness check failed (ready)",
 }
 
 
@@ -66,8 +67,8 @@ def build_document(operations: list[Operation], version: str) -> dict[str, Any]:
         "info": {
             "title": "FlowMQ-py admin API",
             "version": version,
-            "description": "Namespaces, Streams, Queues, Users, Subscriptions, routing and HTTP "
-            "publish. "
+            "description": "Namespaces, Streams, Queues, Users, Subscriptions, routing, HTTP "
+            "publish, health and readiness, stream and queue reads, consumer groups, clients. "
             "Every answer is the envelope {success, data, error}.",
         },
         "servers": [{"url": "/"}],

@@ -13,6 +13,12 @@ from flowmq_admin.schemas import Schema
 
 Handler = Callable[[web.Request, Any], Awaitable[Any]]
 
+# Where the router leaves a request's checked parameters, integers parsed, for its handler
+# (aiohttp 3.12+ wants a typed key; older versions take a string).
+PARAMS_KEY: Any = (
+    web.RequestKey("params", dict) if hasattr(web, "RequestKey") else "flowmq_admin.params"
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Param:

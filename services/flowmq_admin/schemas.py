@@ -197,12 +197,20 @@ def _destination(own: dict[str, Schema], *required: str) -> Schema:
     }
 
 
+_OFFSETS: Schema = {"type": "array", "items": {"type": "integer"}}
+
 STREAM: Schema = _destination(
     {
         "topic_filters": {"type": "array", "items": {"type": "string"}},
         "partitions": {"type": "integer"},
         "retention_ms": {"type": "integer"},
         "retention_bytes": {"type": "integer"},
+        # Live counts (GET only), from the meta store's stream index, for the whole cluster.
+        "start_offsets": {**_OFFSETS, "description": "Log start offset of each partition"},
+        "end_offsets": {**_OFFSETS, "description": "High watermark of each partition"},
+        "bytes": {"type": "integer", "description": "Bytes stored, all partitions"},
+        "segments": {"type": "integer", "description": "Index entries (chunks), all partitions"},
+        "messages": {"type": "integer", "description": "Offsets retained: sum of end - start"},
     },
     "topic_filters",
     "partitions",
@@ -216,6 +224,11 @@ QUEUE: Schema = _destination(
         "max_retries": {"type": "integer"},
         "dead_letter_topic": {"type": ["string", "null"]},
         "shards": {"type": "integer"},
+        # Live counts (GET only): ready and unacked for the whole cluster, consumers here.
+        "ready": {"type": "integer", "description": "Messages waiting to be delivered"},
+        "unacked": {"type": "integer", "description": "Messages delivered, not yet acked"},
+        "consumers": {"type": "integer", "description": "Consumers on this broker"},
+        "bytes": {"type": "integer", "description": "Bytes of the messages held"},
     },
     "topic_filter",
 )
@@ -283,6 +296,7 @@ NODE: Schema = {
         "host": {"type": "string", "description": "Address other brokers reach it at"},
         "roles": {"type": "array", "items": {"type": "string"}},
         "ports": {"type": "object"},
+        "version": {"type": "string", "description": "FlowMQ-py version the node runs"},
         "started_at_ms": {"type": "integer"},
         "heartbeat_ms": {"type": "integer"},
     },

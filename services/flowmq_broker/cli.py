@@ -9,11 +9,14 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+import flowmq_ctl
 from flowmq_broker.launcher import add_cluster_parser, cluster_command
-from flowmq_broker.runtime import tune_interpreter
-from flowmq_broker.server import Broker, StartupError
+from flowmq_broker.logfmt import configure_logging
 from flowmq_core.config import ALL_ROLES, BrokerConfig, ConfigError, load_config
+from flowmq_ctl.commands import add_cluster_status, add_commands, add_user_verbs
+from flowmq_ctl.parser import Parser, common_options
 
 log = logging.getLogger("flowmq")
 
@@ -69,6 +72,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "allow_anonymous": "true or false: may clients connect without a user name (default: "
         "true while --bind is loopback, else false)",
         "log_level": "debug, info, warning or error (default info)",
+        "log_format": "text (default) or json: one JSON object per log line",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "
         "a v5 client asking for more or for none is given this as server keep alive",
         "gossip_interval": f"seconds between gossip rounds (default {defaults.gossip_interval})",
@@ -90,29 +94,32 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         serve.add_argument(flag, dest=field.name, default=None, help=text.get(field.name))
 
 
-def _user_parser(sub: argparse._SubParsersAction) -> None:
+def _user_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     user = sub.add_parser(
         "user",
         help="manage users (MQTT user name/password; AMQP PLAIN; Kafka SASL PLAIN and SCRAM)",
-        description="Users live in the meta store, so every broker sharing it sees them.",
+        description="Users live in the meta store, so every broker sharing it sees them. "
+        "The commands go through the admin API (--url, --token), or open the meta store "
+        "themselves when given --data-dir, --meta or --config (no broker needed).",
     )
-    user.add_argument("--config", help="TOML config file (for data_dir / meta)")
-    user.add_argument("--data-dir", dest="data_dir", default=None)
-    user.add_argument("--meta", default=None, help="meta store URL (default: the data dir's)")
-    actions = user.add_subparsers(dest="action", required=True)
-    add = actions.add_parser("add", help="create a user or set its password")
-    add.add_argument("name")
-    add.add_argument(
-        "--password", help="the password, not empty (default: one line of standard input)"
-    )
-    add.add_argument(
-        "--namespace",
-        default=None,
-        help="the namespace the user belongs to (default: default; an existing user keeps its own)",
-    )
-    delete = actions.add_parser("delete", help="remove a user")
-    delete.add_argument("name")
-    actions.add_parser("list", help="list user names")
+    # Given before or after the verb; SUPPRESS: the verb's parser does not reset them.
+    local = argparse.ArgumentParser(add_help=False)
+    group = local.add_argument_group("local meta store (instead of the admin API)")
+    group.add_argument("--config", default=argparse.SUPPRESS,
+                       help="TOML config file (for data_dir / meta)")  # fmt: skip
+    group.add_argument("--data-dir", dest="data_dir", default=argparse.SUPPRESS,
+                       help="data directory of the meta store to open")  # fmt: skip
+    group.add_argument("--meta", default=argparse.SUPPRESS,
+                       help="meta store URL (default: the data dir's)")  # fmt: skip
+    for action in local._actions:
+        user._add_action(action)
+    actions = user.add_subparsers(dest="action", required=True, metavar="VERB")
+    add_user_verbs(actions, common, local)
+
+
+def _local_user_store(args: argparse.Namespace) -> bool:
+    """``flowmq user`` opens the meta store itself when told where it is."""
+    return any(getattr(args, name, None) for name in ("data_dir", "meta", "config"))
 
 
 async def _user_command(config: BrokerConfig, args: argparse.Namespace) -> int:
@@ -128,7 +135,7 @@ async def _user_command(config: BrokerConfig, args: argparse.Namespace) -> int:
         validate_username,
     )
 
-    if args.action == "add":
+    if args.action in ("add", "passwd"):
         password = args.password
         if password is None:
             password = sys.stdin.readline().rstrip("\n")
@@ -151,6 +158,12 @@ async def _user_command(config: BrokerConfig, args: argparse.Namespace) -> int:
                 print(f"flowmq: {exc}", file=sys.stderr)
                 return 2 if isinstance(exc, InvalidName) else 1
             print(f"user {args.name} saved")
+        elif args.action == "passwd":
+            if args.name not in await load_users(store):
+                print(f"flowmq: no user {args.name}", file=sys.stderr)
+                return 1
+            await set_user(store, args.name, password)
+            print(f"password of user {args.name} changed")
         elif args.action == "delete":
             if not await delete_user(store, args.name):
                 print(f"flowmq: no user {args.name}", file=sys.stderr)
@@ -164,14 +177,11 @@ async def _user_command(config: BrokerConfig, args: argparse.Namespace) -> int:
         await store.close()
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
 async def _serve(config: BrokerConfig) -> int:
+    # Imported here: the admin commands start without loading the broker.
+    from flowmq_broker.runtime import tune_interpreter
+    from flowmq_broker.server import Broker, StartupError
+
     tune_interpreter()
     broker = Broker(config)
     stop = asyncio.Event()
@@ -192,24 +202,40 @@ async def _serve(config: BrokerConfig) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="flowmq", description="FlowMQ-py broker")
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="flowmq",
+        description="FlowMQ-py: run a broker (serve, cluster) and operate it through its "
+        "admin API (every other command; docs/cli.md).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = common_options()
     _serve_parser(sub)
-    _user_parser(sub)
-    add_cluster_parser(sub)
+    _user_parser(sub, common)
+    add_cluster_status(add_cluster_parser(sub), common)
+    add_commands(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
-    if args.command == "cluster":
+    if args.command == "cluster" and not getattr(args, "cluster_verb", None):
         return cluster_command(args)
 
-    if args.command == "user":
-        flags = {"data_dir": args.data_dir, "meta": args.meta}
+    if args.command == "user" and _local_user_store(args):
+        flags = {"data_dir": getattr(args, "data_dir", None), "meta": getattr(args, "meta", None)}
         try:
-            config = load_config(flags, config_file=args.config)
+            config = load_config(flags, config_file=getattr(args, "config", None))
         except ConfigError as exc:
             print(f"flowmq: {exc}", file=sys.stderr)
             return 2
+        data_dir = Path(config.resolved().data_dir)
+        if args.action != "add" and not getattr(args, "meta", None) and not data_dir.is_dir():
+            # Only ``add`` may create a data dir (and its meta store); never by accident.
+            print(f"flowmq: data dir {data_dir} does not exist", file=sys.stderr)
+            return 1
         return asyncio.run(_user_command(config, args))
 
     if args.command == "serve":
@@ -219,13 +245,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"flowmq: {exc}", file=sys.stderr)
             return 2
-        _configure_logging(config.log_level)
+        configure_logging(config.log_level, config.log_format)
         try:
             import uvloop
         except ImportError:  # uvloop is optional (not built for every platform)
             return asyncio.run(_serve(config))
         return uvloop.run(_serve(config))
-    return 2
+    return flowmq_ctl.run(args, parser)
 
 
 if __name__ == "__main__":

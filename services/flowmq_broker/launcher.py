@@ -240,7 +240,7 @@ def run_cluster(
     return 0 if outcome == "signal" else 1
 
 
-def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
+def add_cluster_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cpus = os.cpu_count() or 1
     cluster = sub.add_parser(
         "cluster",
@@ -267,6 +267,7 @@ def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
                          help="admin API token for all processes (default: generated once, kept in <data-dir>/admin_token)")  # fmt: skip
     cluster.add_argument("--log-level", default=BrokerConfig.log_level,
                          choices=("debug", "info", "warning", "error"))  # fmt: skip
+    return cluster
 
 
 def cluster_command(args: argparse.Namespace) -> int:

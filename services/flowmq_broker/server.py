@@ -20,8 +20,12 @@ import flowmq_metrics as metrics
 from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
 from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.group_admin import GroupAdmin
+from flowmq_broker.live import LiveViews
 from flowmq_broker.nodes import NodeRegistry
+from flowmq_broker.operations import OperationsBackend
 from flowmq_broker.queues import QueueService
+from flowmq_broker.readiness import Readiness
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.streams import StreamDestinationType
@@ -32,6 +36,7 @@ from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_core.config import BrokerConfig, ConfigError, is_loopback
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
+from flowmq_core.version import flowmq_version
 from flowmq_jobs.stream_maintenance import INTERVAL_S as STREAM_MAINTENANCE_INTERVAL_S
 from flowmq_jobs.stream_maintenance import StreamMaintenance
 from flowmq_kas3.page_cache import PageCache
@@ -44,6 +49,7 @@ from flowmq_objstore import open_object_store
 from flowmq_objstore.api import ObjectStore, ObjectStoreError
 
 if TYPE_CHECKING:
+    from flowmq_broker.kafka.server import KafkaServer
     from flowmq_broker.mqtt.server import MqttServer
 
 log = logging.getLogger(__name__)
@@ -129,7 +135,7 @@ def _check_data_dir(path: Path) -> None:
         raise StartupError(f"data dir {path} is not writable")
 
 
-class Broker:
+class Broker(OperationsBackend):
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config.resolved()
         self._configured_anonymous = config.allow_anonymous  # None: follows ``bind``
@@ -156,11 +162,20 @@ class Broker:
         self.cluster: ClusterRouting | None = None
         self.cluster_secret: ClusterSecret | None = None
         self.tls: ServerTls | None = None  # the TLS listeners' settings, if configured
+        # The operations surface (admin API's health, counts, groups): built in ``start``.
+        self.live: LiveViews | None = None
+        self.group_admin: GroupAdmin | None = None
+        self.readiness: Readiness | None = None
+        self.stopping = False
         self._ignore_events = os.environ.get(IGNORE_EVENTS_ENV) == "1"
 
     @property
     def mqtt(self) -> MqttServer | None:
         return self.adapters.get("mqtt")
+
+    @property
+    def kafka(self) -> KafkaServer | None:
+        return self.adapters.get("kafka")
 
     # --- AdminBackend ---------------------------------------------------------------
     def _destinations(self, bindings: Any) -> list[Destination]:
@@ -286,6 +301,7 @@ class Broker:
         self.router.register_type(StreamDestinationType(self.streams, self.router))
         self.queues = QueueService(self.router, self.catalog, self.meta, self.objects, self.batcher)
         self.queues.start()
+        self.live = LiveViews(self.streams, self.queues.engine)
         self.maintenance = PeriodicTask(
             "stream-maintenance",
             STREAM_MAINTENANCE_INTERVAL_S,
@@ -316,7 +332,13 @@ class Broker:
         await self._start_cluster_links()
         await self._start_gossip()
         self.nodes_registry = NodeRegistry(
-            self.meta, self.node_id, {"roles": cfg.roles, "ports": self.ports}
+            self.meta,
+            self.node_id,
+            {"roles": cfg.roles, "ports": self.ports, "version": flowmq_version()},
+        )
+        self.readiness = Readiness(self.node_id, self.meta, self.objects, self._cluster_state)
+        self.group_admin = GroupAdmin(
+            self.meta, self.catalog, self.streams, lambda: self.kafka, self.nodes
         )
         self.services = BrokerServices(
             config=cfg,
@@ -511,6 +533,7 @@ class Broker:
     async def stop(self) -> None:
         """Stop in the reverse order of start; a step that fails is logged and the rest
         still run, so the meta store is closed (and its lock released) whatever happens."""
+        self.stopping = True  # readiness answers 503 from now on
         if self.gossip is not None:
             await _logged("leave the cluster", self.gossip.stop(leave=True))
         for role, adapter in list(self.adapters.items()):
@@ -522,6 +545,7 @@ class Broker:
         parts: list[tuple[str, Any, str]] = [
             ("stop stream maintenance", self.maintenance, "stop"),
             ("stop the queues", self.queues, "stop"),
+            ("flush group offset resets", self.group_admin, "close"),
             ("stop the catalog sync", self.sync, "stop"),
             ("flush the batcher", self.batcher, "close"),
             ("remove the node entry", self.nodes_registry, "stop"),

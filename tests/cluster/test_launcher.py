@@ -18,6 +18,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from flowmq_broker.launcher import plan_cluster
+from tests.fixtures.cli import flowmq
 from tests.fixtures.cluster import metric, wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -172,6 +173,20 @@ def test_cluster_runs_each_role_where_planned_and_stops_every_process(launcher, 
         timeout=15,
     )
     assert mqtt_round_trip(int(table["node-1"]["mqtt"])) == b"hello"
+    # `flowmq cluster status` (the admin API, not the launcher) sees both from either node.
+    env = {"FLOWMQ_URL": f"http://127.0.0.1:{table['node-1']['http']}", "FLOWMQ_TOKEN": "launcher"}
+    status = flowmq("cluster", "status", "-o", "json", env=env)
+    assert status.returncode == 0, status.stderr
+    nodes = json.loads(status.stdout)
+    assert sorted((n["node_id"], n["status"], n["self"]) for n in nodes) == [
+        ("node-0", "up", False),
+        ("node-1", "up", True),
+    ]
+    assert {tuple(n["roles"]) for n in nodes} == {
+        ("mqtt", "kafka", "amqp", "admin"),
+        ("mqtt", "admin"),
+    }
+    assert len({n["version"] for n in nodes}) == 1
 
     pids = [int(row["pid"]) for row in table.values()]
     assert all(Path(f"/proc/{pid}").exists() for pid in pids)

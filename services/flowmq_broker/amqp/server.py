@@ -5,12 +5,16 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from flowmq_broker.amqp.connection import AmqpConnection
 from flowmq_broker.amqp.state import AmqpState
 from flowmq_broker.listeners import listen
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.tls import ServerTls
+from flowmq_wire.amqp import constants as rc
+
+_ADMIN_CLOSE = "CONNECTION_FORCED - closed by an administrator"
 
 
 class AmqpServer:
@@ -51,3 +55,46 @@ class AmqpServer:
             await server.wait_closed()
         # Requeues of the closed channels are pending in the engine: persist them now.
         await self.shared.queues.stop()
+
+    # --- operations view (admin API: clients, kick) -----------------------------------------
+    def clients(self) -> list[dict[str, Any]]:
+        """Read only: this broker's AMQP connections, as ``GET /api/v1/clients`` shows them."""
+        return [_client_view(conn, self.services.node_id) for conn in list(self.shared.connections)]
+
+    def disconnect_client(self, connection_id: str) -> bool:
+        """Close the connection ``connection_id`` (a view's ``id``) with 320
+        CONNECTION_FORCED, as RabbitMQ's ``rabbitmqctl close_connection`` does."""
+        for conn in list(self.shared.connections):
+            if f"amqp:{conn.peer}" == connection_id:
+                if conn.state == "opened":
+                    conn.fail(rc.CONNECTION_FORCED, _ADMIN_CLOSE, 0)
+                    conn.flush()
+                else:
+                    conn.abort()
+                return True
+        return False
+
+
+def _client_view(conn: AmqpConnection, node_id: str) -> dict[str, Any]:
+    queues: set[str] = set()
+    unacked = 0
+    for channel in list(conn.channels.values()):
+        unacked += len(channel.consumers.unacked)
+        for consumer in list(channel.consumers.by_tag.values()):
+            queue = consumer.queue
+            queues.add(queue if isinstance(queue, str) else queue.name)
+    return {
+        "id": f"amqp:{conn.peer}",
+        "protocol": "amqp",
+        "protocol_version": "0-9-1",
+        "node_id": node_id,
+        "address": conn.peer,
+        "namespace": conn.namespace,
+        "user": conn.username,
+        "client_id": None,
+        "connected": conn.state == "opened",
+        "vhost": conn.vhost,
+        "channels": len(conn.channels),
+        "subscriptions": sorted(queues),
+        "inflight": unacked,
+    }

@@ -139,6 +139,38 @@ class KafkaServer:
     def owns_group(self, group_id: str) -> bool:
         return self.cluster.is_local(self.cluster.coordinator(group_id))
 
+    # -- operations view (admin API: clients, kick) -----------------------------------------
+
+    def clients(self) -> list[dict[str, Any]]:
+        """Read only: this broker's Kafka connections, as ``GET /api/v1/clients`` shows them
+        (Kafka sends its client id per request, so none is kept per connection)."""
+        return [
+            {
+                "id": f"kafka:{conn.peer}",
+                "protocol": "kafka",
+                "protocol_version": None,
+                "node_id": self.services.node_id,
+                "address": conn.peer,
+                "namespace": self.namespace,
+                "user": conn.user,
+                "client_id": None,
+                "connected": not conn.closing,
+                "fetching": conn.fetching,
+                "subscriptions": [],
+                "inflight": None,
+            }
+            for conn in list(self.connections)
+        ]
+
+    def disconnect_client(self, connection_id: str) -> bool:
+        """Close the connection ``connection_id`` (a view's ``id``); Kafka has no message
+        for it, so the client sees the socket close and reconnects (or not)."""
+        for conn in list(self.connections):
+            if f"kafka:{conn.peer}" == connection_id:
+                conn.close()
+                return True
+        return False
+
     async def _forget_topic(self, name: str) -> None:
         await self.offsets.delete_stream(self.namespace, name)
         await self.producers.forget_stream(self.namespace, name)

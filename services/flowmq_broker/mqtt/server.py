@@ -40,6 +40,7 @@ from flowmq_meta import keys
 from flowmq_meta.api import MetaStore
 from flowmq_meta.users import UserDirectory
 from flowmq_objstore.api import ObjectStore
+from flowmq_wire.mqtt import reason_codes as rc
 
 log = logging.getLogger(__name__)
 
@@ -500,6 +501,20 @@ class MqttServer:
             self._encode_cache = {}
         return self._encode_cache
 
+    # --- operations view (admin API: clients, kick) -----------------------------------------
+    def clients(self) -> list[dict[str, Any]]:
+        """Read only: this broker's MQTT connections, as ``GET /api/v1/clients`` shows them."""
+        return [_client_view(conn, self.node_id) for conn in list(self.connections)]
+
+    def disconnect_client(self, connection_id: str) -> bool:
+        """End the connection ``connection_id`` (a view's ``id``): a v5 client gets
+        DISCONNECT 0x98 (administrative action), a 3.1.1 client a closed socket."""
+        for conn in list(self.connections):
+            if isinstance(conn, MqttConnection) and _connection_id(conn) == connection_id:
+                conn.disconnect(rc.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
+                return True
+        return False
+
 
 _NO_IDS: list[int] = []
 
@@ -553,3 +568,35 @@ class _SharedType(DestinationType):
         if sub is not None:
             return server.deliver(chosen, message, [sub], binding.name)
         return None
+
+
+def _address(conn: MqttConnection) -> str:
+    peer = conn.transport.get_extra_info("peername") if conn.transport else None
+    return f"{peer[0]}:{peer[1]}" if peer else "?"
+
+
+def _connection_id(conn: MqttConnection) -> str:
+    return f"mqtt:{_address(conn)}"
+
+
+def _client_view(conn: SessionConnection, node_id: str) -> dict[str, Any]:
+    assert isinstance(conn, MqttConnection)
+    session = conn.session
+    return {
+        "id": _connection_id(conn),
+        "protocol": "mqtt",
+        "protocol_version": "5.0" if conn.level == 5 else "3.1.1",
+        "node_id": node_id,
+        "address": _address(conn),
+        "namespace": conn.namespace,
+        "user": conn.username,
+        "client_id": conn.client_id or None,
+        "connected": session is not None,
+        "session": None
+        if session is None
+        else {"expiry_interval": session.expiry_interval, "persistent": session.persistent()},
+        "subscriptions": [] if session is None else sorted(session.subscriptions),
+        "inflight": 0 if session is None else len(session.inflight),
+        "queued": 0 if session is None else len(session.queue),
+        "keep_alive": conn.keep_alive,
+    }

@@ -1,0 +1,282 @@
+"""``flowmq stream|queue|subscription|namespace|group|client|user`` and ``cluster status``,
+``version``: one admin API call (or two) per verb, the answer rendered by ``output``."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from typing import Any
+
+from flowmq_core.version import flowmq_version
+from flowmq_ctl.client import CliError, UsageError, quote
+from flowmq_ctl.context import Context
+from flowmq_ctl.output import emit
+
+STREAM_COLUMNS = ("name", "partitions", "topic_filters", "messages", "bytes", "segments")
+QUEUE_COLUMNS = ("name", "topic_filter", "ready", "unacked", "consumers", "shards")
+GROUP_COLUMNS = ("group", "state", "members", "coordinator")
+OFFSET_COLUMNS = ("stream", "partition", "committed_offset", "end_offset", "lag")
+CLIENT_COLUMNS = (
+    "id",
+    "protocol",
+    "client_id",
+    "user",
+    "namespace",
+    "subscriptions",
+    "inflight",
+)
+SUBSCRIPTION_COLUMNS = ("client_id", "topic_filter", "qos", "shared_group", "namespace", "node_id")
+NODE_COLUMNS = ("node_id", "status", "gossip", "roles", "version", "host", "http", "self")
+USER_COLUMNS = ("username", "namespace", "created_at_ms")
+
+
+def _done(ctx: Context, data: Any, text: str) -> int:
+    """A change went through: the answer for scripts, one line for people."""
+    if ctx.fmt == "table":
+        ctx.out.write(text + "\n")
+    else:
+        emit(data, ctx.fmt)
+    return 0
+
+
+def _settings(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any]:
+    """The API fields (``names``: argument -> field) the command line gave."""
+    return {
+        field: getattr(args, arg) for arg, field in names.items() if getattr(args, arg) is not None
+    }
+
+
+# --- streams ----------------------------------------------------------------------------------
+_STREAM_SETTINGS = {
+    "filters": "topic_filters",
+    "partitions": "partitions",
+    "retention_ms": "retention_ms",
+    "retention_bytes": "retention_bytes",
+}
+
+
+def stream_create(args: argparse.Namespace, ctx: Context) -> int:
+    body = {"name": args.name, **_settings(args, _STREAM_SETTINGS)}
+    data = ctx.api.call("POST", "/streams", body, ctx.ns_query)
+    return _done(
+        ctx,
+        data,
+        f"stream {data['name']} created: {data['partitions']} partition(s), "
+        f"filters {', '.join(data['topic_filters'])}",
+    )
+
+
+def stream_list(args: argparse.Namespace, ctx: Context) -> int:
+    emit(ctx.api.call("GET", "/streams", query=ctx.ns_query), ctx.fmt, STREAM_COLUMNS)
+    return 0
+
+
+def stream_describe(args: argparse.Namespace, ctx: Context) -> int:
+    emit(ctx.api.call("GET", f"/streams/{quote(args.name)}", query=ctx.ns_query), ctx.fmt)
+    return 0
+
+
+def stream_update(args: argparse.Namespace, ctx: Context) -> int:
+    body = _settings(args, _STREAM_SETTINGS)
+    if not body:
+        raise UsageError(
+            "nothing to update: give --filter, --partitions, --retention-ms or --retention-bytes"
+        )
+    data = ctx.api.call("PUT", f"/streams/{quote(args.name)}", body, ctx.ns_query)
+    return _done(ctx, data, f"stream {data['name']} updated")
+
+
+def stream_delete(args: argparse.Namespace, ctx: Context) -> int:
+    data = ctx.api.call("DELETE", f"/streams/{quote(args.name)}", query=ctx.ns_query)
+    return _done(ctx, data, f"stream {args.name} deleted")
+
+
+# --- queues ----------------------------------------------------------------------------------
+_QUEUE_SETTINGS = {
+    "filter": "topic_filter",
+    "max_size_mb": "max_size_mb",
+    "ttl_seconds": "message_ttl_seconds",
+    "max_retries": "max_retries",
+    "dead_letter_topic": "dead_letter_topic",
+}
+
+
+def queue_create(args: argparse.Namespace, ctx: Context) -> int:
+    body = {"name": args.name, **_settings(args, {**_QUEUE_SETTINGS, "shards": "shards"})}
+    data = ctx.api.call("POST", "/queues", body, ctx.ns_query)
+    return _done(ctx, data, f"queue {data['name']} created: filter {data['topic_filter']}")
+
+
+def queue_list(args: argparse.Namespace, ctx: Context) -> int:
+    emit(ctx.api.call("GET", "/queues", query=ctx.ns_query), ctx.fmt, QUEUE_COLUMNS)
+    return 0
+
+
+def queue_describe(args: argparse.Namespace, ctx: Context) -> int:
+    emit(ctx.api.call("GET", f"/queues/{quote(args.name)}", query=ctx.ns_query), ctx.fmt)
+    return 0
+
+
+def queue_purge(args: argparse.Namespace, ctx: Context) -> int:
+    data = ctx.api.call("POST", f"/queues/{quote(args.name)}/purge", query=ctx.ns_query)
+    return _done(ctx, data, f"queue {args.name}: {data['purged']} message(s) purged")
+
+
+def queue_delete(args: argparse.Namespace, ctx: Context) -> int:
+    data = ctx.api.call("DELETE", f"/queues/{quote(args.name)}", query=ctx.ns_query)
+    return _done(ctx, data, f"queue {args.name} deleted")
+
+
+# --- subscriptions, namespaces ----------------------------------------------------------------
+def subscription_list(args: argparse.Namespace, ctx: Context) -> int:
+    emit(ctx.api.call("GET", "/subscriptions", query=ctx.ns_query), ctx.fmt, SUBSCRIPTION_COLUMNS)
+    return 0
+
+
+def namespace_list(args: argparse.Namespace, ctx: Context) -> int:
+    emit(ctx.api.call("GET", "/namespaces"), ctx.fmt, ("name", "created_at_ms"))
+    return 0
+
+
+def namespace_create(args: argparse.Namespace, ctx: Context) -> int:
+    data = ctx.api.call("POST", "/namespaces", {"name": args.name})
+    return _done(ctx, data, f"namespace {data['name']} created")
+
+
+def namespace_delete(args: argparse.Namespace, ctx: Context) -> int:
+    data = ctx.api.call("DELETE", f"/namespaces/{quote(args.name)}")
+    return _done(ctx, data, f"namespace {args.name} deleted")
+
+
+# --- consumer groups ----------------------------------------------------------------------------
+def group_list(args: argparse.Namespace, ctx: Context) -> int:
+    emit(ctx.api.call("GET", "/groups", query=ctx.ns_query), ctx.fmt, GROUP_COLUMNS)
+    return 0
+
+
+def group_describe(args: argparse.Namespace, ctx: Context) -> int:
+    data = ctx.api.call("GET", f"/groups/{quote(args.group)}", query=ctx.ns_query)
+    if ctx.fmt != "table":
+        emit(data, ctx.fmt)
+        return 0
+    members = data.get("members")
+    summary = {
+        "group": data["group"],
+        "namespace": data["namespace"],
+        "state": data.get("state"),
+        "coordinator": data.get("coordinator"),
+        "members": None
+        if members is None
+        else [m.get("client_id") or m["member_id"] for m in members],
+        "lag": data["lag"],
+    }
+    emit(summary, "table")
+    if data["offsets"]:
+        ctx.out.write("\n")
+        emit(data["offsets"], "table", OFFSET_COLUMNS)
+    return 0
+
+
+def _offset_target(text: str) -> str | int:
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise UsageError(f"--to must be earliest, latest or an offset (0 or more); got {text!r}")
+    return value
+
+
+def group_reset(args: argparse.Namespace, ctx: Context) -> int:
+    body: dict[str, Any] = {"stream": args.stream, "to": _offset_target(args.to)}
+    if args.partition is not None:
+        body["partition"] = args.partition
+    data = ctx.api.call("POST", f"/groups/{quote(args.group)}/reset-offsets", body, ctx.ns_query)
+    moved = ", ".join(f"{o['partition']}→{o['offset']}" for o in data["offsets"])
+    return _done(ctx, data, f"group {args.group} on {args.stream}: partition→offset {moved}")
+
+
+# --- clients ------------------------------------------------------------------------------------
+def client_list(args: argparse.Namespace, ctx: Context) -> int:
+    emit(
+        ctx.api.call("GET", "/clients", query={"protocol": args.protocol}), ctx.fmt, CLIENT_COLUMNS
+    )
+    return 0
+
+
+def client_kick(args: argparse.Namespace, ctx: Context) -> int:
+    data = ctx.api.call("DELETE", f"/clients/{quote(args.id)}")
+    return _done(ctx, data, "disconnected " + ", ".join(data["disconnected"]))
+
+
+# --- cluster, version ------------------------------------------------------------------------------
+def cluster_status(args: argparse.Namespace, ctx: Context) -> int:
+    nodes = ctx.api.call("GET", "/cluster/nodes")
+    if ctx.fmt != "table":
+        emit(nodes, ctx.fmt)
+        return 0
+    rows = [{**n, "http": (n.get("ports") or {}).get("http")} for n in nodes]
+    emit(sorted(rows, key=lambda n: n["node_id"]), "table", NODE_COLUMNS)
+    up = sum(1 for n in nodes if n.get("status") == "up")
+    ctx.out.write(f"{up} of {len(nodes)} node(s) up\n")
+    return 0
+
+
+def version(args: argparse.Namespace, ctx: Context) -> int:
+    data: dict[str, Any] = {"client": flowmq_version(), "server": None, "node_id": None}
+    problem = None
+    try:
+        health = ctx.api.call("GET", "/health", timeout=5)
+        data.update(server=health.get("version"), node_id=health.get("node_id"))
+    except CliError as exc:
+        problem = str(exc)
+    if ctx.fmt != "table":
+        emit(data, ctx.fmt)
+    else:
+        ctx.out.write(f"flowmq {data['client']}\n")
+        if problem is None:
+            ctx.out.write(f"server {data['server']} (node {data['node_id']}, {ctx.target.url})\n")
+        else:
+            ctx.out.write(f"server: {problem}\n")
+    return 0
+
+
+# --- users over the admin API --------------------------------------------------------------------
+def read_password(given: str | None) -> str:
+    """``--password``, else one line of standard input (asked for on a terminal)."""
+    if given is not None:
+        password = given
+    elif sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    if not password:
+        raise UsageError("password must not be empty")
+    return password
+
+
+def user_list(args: argparse.Namespace, ctx: Context) -> int:
+    emit(ctx.api.call("GET", "/users"), ctx.fmt, USER_COLUMNS)
+    return 0
+
+
+def user_add(args: argparse.Namespace, ctx: Context) -> int:
+    body = {"username": args.name, "password": read_password(args.password)}
+    if args.namespace:
+        body["namespace"] = args.namespace
+    data = ctx.api.call("POST", "/users", body)
+    return _done(ctx, data, f"user {args.name} saved")
+
+
+def user_passwd(args: argparse.Namespace, ctx: Context) -> int:
+    password = read_password(args.password)
+    data = ctx.api.call("PUT", f"/users/{quote(args.name)}", {"password": password})
+    return _done(ctx, data, f"password of user {args.name} changed")
+
+
+def user_delete(args: argparse.Namespace, ctx: Context) -> int:
+    data = ctx.api.call("DELETE", f"/users/{quote(args.name)}")
+    return _done(ctx, data, f"user {args.name} deleted")

@@ -49,6 +49,9 @@ class BrokerConfig:
     # Mosquitto's max_keepalive: a v5 client asking for more (or for none) is told this
     # value as the server keep alive; 3.1.1 clients are held to it without being told.
     mqtt_max_keep_alive: int = 65535
+    # Bytes of QoS 1/2 messages an offline persistent session keeps (its durable queue);
+    # past it a publish for that session is refused (v5 PUBACK 0x97; 3.1.1: disconnect).
+    mqtt_max_offline_bytes: int = 64 * 1024 * 1024
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.

@@ -28,7 +28,6 @@ REAPER_INTERVAL_S = 2.0
 # Offline MQTT persistent sessions keep their messages in a queue of this name (not a
 # catalog queue: "$" is not allowed in destination names).  One shard: strict FIFO.
 SESSION_QUEUE_PREFIX = "$session/"
-SESSION_QUEUE_OPTIONS = QueueOptions(shards=1)
 
 
 def session_queue_name(client_id: str) -> str:
@@ -36,16 +35,18 @@ def session_queue_name(client_id: str) -> str:
 
 
 class QueueSettings:
-    """Each queue's options, read from the router's catalog copy (no meta-store read)."""
+    """Each queue's options, read from the router's catalog copy (no meta-store read); an
+    MQTT session's queue is strictly FIFO and holds at most ``session_max_bytes``."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, session_max_bytes: int | None = None) -> None:
         self.router = router
+        self.session_options = QueueOptions(shards=1, max_bytes=session_max_bytes)
         self._options: dict[int, tuple[Destination, QueueOptions]] = {}
 
     def options(self, ns: str, queue: str) -> QueueOptions | None:
         dest = self.router.destination(Binding(QUEUE, ns, queue))
         if dest is None:
-            return SESSION_QUEUE_OPTIONS if queue.startswith(SESSION_QUEUE_PREFIX) else None
+            return self.session_options if queue.startswith(SESSION_QUEUE_PREFIX) else None
         # Destination objects are replaced when the catalog changes: cache by identity.
         hit = self._options.get(id(dest))
         if hit is None or hit[0] is not dest:
@@ -76,11 +77,13 @@ class QueueService:
         meta: MetaStore,
         objects: ObjectStore,
         batcher: GroupCommitBatcher,
+        *,
+        session_max_bytes: int | None = None,
     ) -> None:
         self.router = router
         self.catalog = catalog
         self.meta = meta
-        settings = QueueSettings(router)
+        settings = QueueSettings(router, session_max_bytes)
         self.engine = QueueEngine(
             meta,
             objects,
@@ -90,6 +93,7 @@ class QueueService:
             holder=batcher.node_id,
         )
         self.type = QueueDestinationType(self.engine, settings)
+        self.session_options = settings.session_options
         self.router.register_type(self.type)
         self._reaper = PeriodicTask("queue-reaper", REAPER_INTERVAL_S, self.reap_once)
 

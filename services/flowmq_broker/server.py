@@ -299,7 +299,14 @@ class Broker(OperationsBackend):
             self.meta, self.objects, self.batcher, PageCache(PAGE_CACHE_BYTES)
         )
         self.router.register_type(StreamDestinationType(self.streams, self.router))
-        self.queues = QueueService(self.router, self.catalog, self.meta, self.objects, self.batcher)
+        self.queues = QueueService(
+            self.router,
+            self.catalog,
+            self.meta,
+            self.objects,
+            self.batcher,
+            session_max_bytes=cfg.mqtt_max_offline_bytes,
+        )
         self.queues.start()
         self.live = LiveViews(self.streams, self.queues.engine)
         self.maintenance = PeriodicTask(

@@ -37,6 +37,7 @@ from flowmq_core.message import Message, now_ms
 from flowmq_core.topics import parse_shared, validate_subscription_filter
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_meta.users import RATE_LIMITED
+from flowmq_queue import QueueFull
 from flowmq_wire.mqtt import reason_codes as rc
 from flowmq_wire.mqtt.codec import MqttDecoder, PreparedPublish, encode, encode_publish
 from flowmq_wire.mqtt.errors import MqttCodecError, UnsupportedProtocolVersion
@@ -726,11 +727,14 @@ class MqttConnection(asyncio.Protocol):
             if self.closing:
                 continue
             if waiter is not None and waiter.exception() is not None:
-                failure = f"not stored: {waiter.exception()}"
+                exc = waiter.exception()
+                failure = f"not stored: {exc}"
+                # A full queue (an offline session's, a Queue's max_size_mb) is a quota.
+                code = rc.QUOTA_EXCEEDED if isinstance(exc, QueueFull) else rc.UNSPECIFIED_ERROR
                 if self.level != 5:
-                    self.disconnect(rc.UNSPECIFIED_ERROR, failure)
+                    self.disconnect(code, failure)
                     continue
-                self.send(ack(packet_id, rc.UNSPECIFIED_ERROR, {"reason_string": failure[:200]}))
+                self.send(ack(packet_id, code, {"reason_string": failure[:200]}))
             else:
                 self.send(ack(packet_id, reason))
 

@@ -18,9 +18,9 @@ import logging
 from typing import Any
 
 from flowmq_broker.mqtt.session import Session
-from flowmq_broker.queues import SESSION_QUEUE_OPTIONS, session_queue_name
+from flowmq_broker.queues import session_queue_name
 from flowmq_core.message import Message
-from flowmq_queue import QueueEngine
+from flowmq_queue import QueueEngine, QueueOptions
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,9 @@ QueuedItem = tuple[Message, int, bool, dict[str, Any]]
 
 
 class OfflineStore:
-    def __init__(self, engine: QueueEngine) -> None:
+    def __init__(self, engine: QueueEngine, options: QueueOptions) -> None:
         self.engine = engine
+        self.options = options  # strict FIFO, at most mqtt_max_offline_bytes
 
     def store(
         self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
@@ -48,7 +49,7 @@ class OfflineStore:
             session.namespace,
             session_queue_name(session.client_id),
             stored,
-            SESSION_QUEUE_OPTIONS,
+            self.options,
         )
         session.stored = True
         session.pending_stores.add(future)

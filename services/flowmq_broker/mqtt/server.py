@@ -121,7 +121,7 @@ class MqttServer:
             host=services.config.bind,
             allow_anonymous=bool(services.config.allow_anonymous),
             max_keep_alive=services.config.mqtt_max_keep_alive,
-            offline=OfflineStore(services.queues.engine),
+            offline=OfflineStore(services.queues.engine, services.queues.session_options),
             cluster=services.cluster,
         )
 

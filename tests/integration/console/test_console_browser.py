@@ -5,6 +5,7 @@ count rise, read the message back, delete the stream; a screenshot of every page
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import urllib.error
 import urllib.request
@@ -22,6 +23,7 @@ TOPIC = "console/test"
 # Markup on purpose: the console must show it as text, never render it.
 PAYLOAD = "hello from the console <b>not bold</b>"
 WAIT = 15  # s; the console refreshes the shown page every 3 s
+RATE = re.compile(r"[0-9]+\.[0-9]")
 
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
@@ -192,6 +194,16 @@ def test_console_round_trip_in_chromium(broker, browser, tmp_path):
     ui.text_of("#stream-summary", "2 messages", "stream summary")
     assert [c.text for c in ui.all("#records tbody td.value")] == [PAYLOAD, "2nd"]
     taken.append(ui.shot("stream-browser"))
+
+    # Message rates: the overview reads /metrics at each refresh; a message published
+    # between two reads shows as a rate above zero.
+    ui.go("overview")
+    ui.text_of("#rate-in-detail", "2 since start", "published count from /metrics")
+    ui.wait.until(lambda d: RATE.fullmatch(ui.find("#rate-in-value").text), "first rate")
+    api(broker.http, "POST", f"/topics/{TOPIC.replace('/', '%2F')}/messages", {"payload": "3rd"})
+    ui.wait.until(lambda d: float(ui.find("#rate-in-value").text) > 0, "rate above zero")
+    ui.text_of("#storage-detail", "3 messages in 1 stream", "overview storage")
+    taken.append(ui.shot("overview-rates"))
 
     # The other pages render with this broker's data.
     for tab, css, text in (

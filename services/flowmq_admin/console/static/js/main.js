@@ -81,14 +81,17 @@ async function loadNamespaces() {
 async function start() {
   $("signin").hidden = true;
   $("app").hidden = false;
-  try {
-    await loadNamespaces();
-    const health = await call("GET", "/health");
-    $("node").textContent = `${health.node_id} · ${health.version}`;
-    if (await hasAcls().catch(() => false)) shown.hidden.delete("acls");
-  } catch (err) {
-    report(err);
+  // Each on its own: one failing leaves the others (and the pages) working.
+  const [namespaces, health, withAcls] = await Promise.allSettled([
+    loadNamespaces(),
+    call("GET", "/health"),
+    hasAcls(),
+  ]);
+  if (namespaces.status === "rejected") report(namespaces.reason);
+  if (health.status === "fulfilled") {
+    $("node").textContent = `${health.value.node_id} · ${health.value.version}`;
   }
+  if (withAcls.status === "fulfilled" && withAcls.value) shown.hidden.delete("acls");
   buildNav();
   mount();
 }

@@ -46,51 +46,71 @@ export const overview = {
     );
     const meter = new RateMeter();
 
-    async function refresh() {
-      const ns = { namespace: ctx.namespace() };
-      const [nodeList, clients, streams, queues, text, readiness] = await Promise.all([
-        call("GET", "/cluster/nodes"),
-        call("GET", "/clients"),
-        call("GET", "/streams", { query: ns }),
-        call("GET", "/queues", { query: ns }),
-        metricsText(),
-        call("GET", "/ready").catch((err) => ({ failed: err })),
-      ]);
-      const up = nodeList.filter((n) => n.status === "up").length;
-      cards.nodes.value.textContent = `${up} / ${nodeList.length}`;
-      nodes.replaceChildren(table(NODE_COLUMNS, nodeList, { key: (n) => n.node_id }));
+    const total = (list, field) => list.reduce((acc, d) => acc + (d[field] || 0), 0);
 
+    function showNodes(list) {
+      const up = list.filter((n) => n.status === "up").length;
+      cards.nodes.value.textContent = `${up} / ${list.length}`;
+      nodes.replaceChildren(table(NODE_COLUMNS, list, { key: (n) => n.node_id }));
+    }
+
+    function showConnections(clients) {
       const byProtocol = {};
       for (const c of clients) byProtocol[c.protocol] = (byProtocol[c.protocol] || 0) + 1;
       cards.connections.value.textContent = fmtNum(clients.length);
       cards.connections.detail.textContent = Object.entries(byProtocol)
         .map(([p, n]) => `${p} ${n}`)
         .join(", ") || "none";
+    }
 
+    function showRates(text) {
       const rates = meter.sample(parsePrometheus(text));
       cards.rateIn.value.textContent = fmtRate(rates.inRate);
       cards.rateIn.detail.textContent = `${fmtNum(rates.inTotal)} since start`;
       cards.rateOut.value.textContent = fmtRate(rates.outRate);
       cards.rateOut.detail.textContent = `${fmtNum(rates.outTotal)} since start`;
+    }
 
-      const total = (list, field) => list.reduce((acc, d) => acc + (d[field] || 0), 0);
+    function showStorage([streams, queues]) {
       cards.storage.value.textContent = fmtBytes(total(streams, "bytes"));
       cards.storage.detail.textContent = `${count(total(streams, "messages"), "message")} in `
         + `${count(streams.length, "stream")}, ${count(total(streams, "segments"), "segment")}`;
       cards.queued.value.textContent = fmtNum(total(queues, "ready"));
       cards.queued.detail.textContent = `${fmtNum(total(queues, "unacked"))} unacked in `
         + `${count(queues.length, "queue")}, ${fmtBytes(total(queues, "bytes"))}`;
+    }
 
-      if (readiness.failed) {
-        ready.replaceChildren(el("p", { class: "state down" },
-          `not ready: ${readiness.failed.describe ? readiness.failed.describe() : readiness.failed}`));
-      } else {
-        ready.replaceChildren(el("ul", { class: "checks" },
-          Object.entries(readiness.checks).map(([name, check]) => el("li", {},
-            el("span", { class: `state ${check.ok ? "up" : "down"}` }, check.ok ? "ok" : "failed"),
-            ` ${name}`, check.ms !== undefined ? ` (${Number(check.ms).toFixed(1)} ms)` : "",
-            check.error ? ` ${check.error}` : ""))));
-      }
+    function showReady(readiness) {
+      ready.replaceChildren(el("ul", { class: "checks" },
+        Object.entries(readiness.checks).map(([name, check]) => el("li", {},
+          el("span", { class: `state ${check.ok ? "up" : "down"}` }, check.ok ? "ok" : "failed"),
+          ` ${name}`, check.ms !== undefined ? ` (${Number(check.ms).toFixed(1)} ms)` : "",
+          check.error ? ` ${check.error}` : ""))));
+    }
+
+    // Each part from its own call: one refused (a 404 on an older broker, a token not
+    // allowed there) leaves the others shown, and its error goes to the banner.
+    async function refresh() {
+      const ns = { namespace: ctx.namespace() };
+      const parts = [
+        [call("GET", "/cluster/nodes"), showNodes],
+        [call("GET", "/clients"), showConnections],
+        [metricsText(), showRates],
+        [Promise.all([call("GET", "/streams", { query: ns }), call("GET", "/queues", { query: ns })]),
+          showStorage],
+      ];
+      const notReady = (err) => ready.replaceChildren(el("p", { class: "state down" },
+        `not ready: ${err.describe ? err.describe() : err}`));
+      // A 503 from /ready is an answer (not ready), shown in its place, not an error.
+      const readiness = call("GET", "/ready").then(showReady, notReady);
+      const results = await Promise.allSettled(parts.map(([answer]) => answer));
+      await readiness;
+      let failure = null;
+      results.forEach((result, i) => {
+        if (result.status === "fulfilled") parts[i][1](result.value);
+        else failure = failure || result.reason;
+      });
+      if (failure) throw failure;
     }
     return { refresh };
   },

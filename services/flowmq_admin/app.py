@@ -13,6 +13,7 @@ from flowmq_admin import handlers as h
 from flowmq_admin import live_handlers as lh
 from flowmq_admin import live_schemas as ls
 from flowmq_admin import schemas
+from flowmq_admin.console import add_routes as add_console_routes
 from flowmq_admin.envelope import ApiError, error_response, from_exception, ok
 from flowmq_admin.openapi import build_document
 from flowmq_admin.operations import PARAMS_KEY, Operation, Param
@@ -328,7 +329,8 @@ async def _metrics(request: web.Request) -> web.Response:
 
 
 def create_app(backend: h.AdminBackend, token: str, admin: bool = True) -> web.Application:
-    """The HTTP application: metrics always; the admin API when ``admin`` is on."""
+    """The HTTP application: metrics always; the admin API and the web console at ``/``
+    (flowmq_admin.console) when ``admin`` is on."""
     app = web.Application(middlewares=[_envelope_middleware], client_max_size=MAX_BODY_BYTES)
     app[BACKEND_KEY] = backend
     app[TOKEN_KEY] = token
@@ -338,4 +340,6 @@ def create_app(backend: h.AdminBackend, token: str, admin: bool = True) -> web.A
     app[OPERATIONS_KEY] = ops
     for op in ops:
         app.router.add_route(op.method, op.aiohttp_path, _wrap(op))
+    if admin:
+        add_console_routes(app)
     return app

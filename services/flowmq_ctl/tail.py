@@ -18,23 +18,7 @@ from typing import Any
 from flowmq_ctl.client import CliError, Refused, Unreachable, UsageError
 from flowmq_ctl.context import Context
 from flowmq_ctl.output import emit_line
-from flowmq_wire.mqtt import (
-    Connack,
-    Connect,
-    Disconnect,
-    MqttCodecError,
-    MqttDecoder,
-    Pingreq,
-    Puback,
-    Pubcomp,
-    Publish,
-    Pubrec,
-    Pubrel,
-    Suback,
-    Subscribe,
-    SubscriptionOptions,
-    encode,
-)
+from flowmq_wire import mqtt as wire
 
 LEVEL = 4  # MQTT 3.1.1
 KEEP_ALIVE_S = 30
@@ -57,12 +41,12 @@ def _address(args: argparse.Namespace, ctx: Context) -> tuple[str, int]:
 class _Session:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.decoder = MqttDecoder(server=False, protocol_level=LEVEL)
+        self.decoder = wire.MqttDecoder(server=False, protocol_level=LEVEL)
         self.pending: list[Any] = []
         self.last_sent = time.monotonic()
 
     def send(self, packet: Any) -> None:
-        self.sock.sendall(encode(packet, LEVEL))
+        self.sock.sendall(wire.encode(packet, LEVEL))
         self.last_sent = time.monotonic()
 
     def next_packet(self, timeout: float) -> Any | None:
@@ -89,7 +73,7 @@ def tail(args: argparse.Namespace, ctx: Context) -> int:
     session = _Session(sock)
     try:
         return _run(args, ctx, session)
-    except MqttCodecError as exc:
+    except wire.MqttCodecError as exc:
         raise CliError(f"bad MQTT packet from the broker: {exc}") from None
     except OSError as exc:
         raise Unreachable(f"MQTT connection to {host}:{port} failed: {exc}") from None
@@ -97,7 +81,7 @@ def tail(args: argparse.Namespace, ctx: Context) -> int:
         return 0
     finally:
         try:
-            session.send(Disconnect())
+            session.send(wire.Disconnect())
         except OSError:
             pass
         sock.close()
@@ -106,19 +90,19 @@ def tail(args: argparse.Namespace, ctx: Context) -> int:
 def _run(args: argparse.Namespace, ctx: Context, session: _Session) -> int:
     password = args.password.encode() if args.password is not None else None
     client_id = args.client_id or f"flowmq-tail-{secrets.token_hex(4)}"
-    session.send(Connect(client_id, True, KEEP_ALIVE_S, None, args.username, password))
+    session.send(wire.Connect(client_id, True, KEEP_ALIVE_S, None, args.username, password))
     ack = session.next_packet(CONNECT_TIMEOUT_S)
-    if not isinstance(ack, Connack):
+    if not isinstance(ack, wire.Connack):
         raise Unreachable("no CONNACK from the broker")
     if ack.reason_code != 0:
         raise Refused(f"MQTT CONNECT refused: return code {ack.reason_code}", 401, "refused")
-    session.send(Subscribe(1, [(args.filter, SubscriptionOptions(args.qos))]))
+    session.send(wire.Subscribe(1, [(args.filter, wire.SubscriptionOptions(args.qos))]))
     deadline = time.monotonic() + CONNECT_TIMEOUT_S
     while True:
         packet = session.next_packet(deadline - time.monotonic())
         if packet is None:
             raise Unreachable("no SUBACK from the broker")
-        if isinstance(packet, Suback):
+        if isinstance(packet, wire.Suback):
             if packet.reason_codes and packet.reason_codes[0] >= 0x80:
                 raise Refused(f"subscription to {args.filter!r} refused", 403, "refused")
             break
@@ -134,27 +118,27 @@ def _run(args: argparse.Namespace, ctx: Context, session: _Session) -> int:
         packet = session.next_packet(wait)
         if packet is None:
             if time.monotonic() - session.last_sent >= KEEP_ALIVE_S / 2:
-                session.send(Pingreq())
+                session.send(wire.Pingreq())
             continue
-        if isinstance(packet, Publish):
+        if isinstance(packet, wire.Publish):
             _acknowledge(session, packet)
             _show(ctx, packet, args.verbose)
             last_message = time.monotonic()
             if left is not None:
                 left -= 1
-        elif isinstance(packet, Pubrel):
-            session.send(Pubcomp(packet.packet_id))
+        elif isinstance(packet, wire.Pubrel):
+            session.send(wire.Pubcomp(packet.packet_id))
     return 0
 
 
-def _acknowledge(session: _Session, packet: Publish) -> None:
+def _acknowledge(session: _Session, packet: wire.Publish) -> None:
     if packet.qos == 1 and packet.packet_id is not None:
-        session.send(Puback(packet.packet_id))
+        session.send(wire.Puback(packet.packet_id))
     elif packet.qos == 2 and packet.packet_id is not None:
-        session.send(Pubrec(packet.packet_id))
+        session.send(wire.Pubrec(packet.packet_id))
 
 
-def _show(ctx: Context, packet: Publish, verbose: bool) -> None:
+def _show(ctx: Context, packet: wire.Publish, verbose: bool) -> None:
     payload = bytes(packet.payload)
     try:
         text, encoding = payload.decode("utf-8"), "utf8"

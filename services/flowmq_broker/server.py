@@ -44,6 +44,7 @@ from flowmq_kas3.store import StreamStore
 from flowmq_meta import open_meta_store
 from flowmq_meta.api import MetaError, MetaStore
 from flowmq_meta.catalog import Catalog, Destination
+from flowmq_meta.tokens import TokenDirectory
 from flowmq_meta.users import UserDirectory
 from flowmq_objstore import open_object_store
 from flowmq_objstore.api import ObjectStore, ObjectStoreError
@@ -310,6 +311,7 @@ class Broker(OperationsBackend):
             ).run_once,
         )
         self.users = UserDirectory(self.meta)
+        self.tokens = TokenDirectory(self.meta)
         log.info(
             "client listeners and the HTTP API bind %s; anonymous clients %s",
             cfg.bind,
@@ -317,6 +319,7 @@ class Broker(OperationsBackend):
         )
         self.sync = CatalogSync(self.catalog, self.router)
         self.sync.on_change.append(self.users.refresh)
+        self.sync.on_change.append(self.tokens.refresh)
         await self.sync.refresh()
         self.sync.start()
 

@@ -73,6 +73,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "true while --bind is loopback, else false)",
         "log_level": "debug, info, warning or error (default info)",
         "log_format": "text (default) or json: one JSON object per log line",
+        "http_access_log": "true or false: log every HTTP API request (aiohttp's access log, "
+        "logger aiohttp.access; default false)",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "
         "a v5 client asking for more or for none is given this as server keep alive",
         "gossip_interval": f"seconds between gossip rounds (default {defaults.gossip_interval})",

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures.broker_process import BrokerProcess
+from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.waiting import wait_until
 from tests.integration.tenants.conftest import http
 from tests.integration.tenants.test_tenant_isolation import Mqtt
 
@@ -180,3 +181,28 @@ def test_deleting_a_namespace_revokes_its_tokens(tenants_broker, uid):
     assert http(tenants_broker, "DELETE", f"/namespaces/{namespace}", token=cluster)[0] == 200
     assert http(tenants_broker, "POST", "/namespaces", {"name": namespace}, cluster)[0] == 201
     assert http(tenants_broker, "GET", "/streams", token=secret)[0] == 401
+
+
+def test_a_token_works_on_every_broker_of_the_meta_store_until_deleted(tmp_path):
+    """Tokens live in the meta store and reach each broker's copy through the change log:
+    made on one broker, they open the other within seconds, and so does their deletion."""
+    first = start_broker(tmp_path / "one" / "data")
+    meta = f"sqlite:///{first.data_dir / 'meta.db'}"
+    second = start_broker(tmp_path / "two" / "data", "--meta", meta)
+    try:
+        assert http(first, "POST", "/namespaces", {"name": "shared"}, first.token)[0] == 201
+        made = make_token(first, "shared", "viewer")
+        wait_until(
+            lambda: http(second, "GET", "/streams", token=made["token"])[0] == 200,
+            10,
+            what="the token accepted by the second broker",
+        )
+        assert http(first, "DELETE", f"/tokens/{made['id']}", token=first.token)[0] == 200
+        wait_until(
+            lambda: http(second, "GET", "/streams", token=made["token"])[0] == 401,
+            10,
+            what="the deleted token refused by the second broker",
+        )
+    finally:
+        second.stop()
+        first.stop()

@@ -46,6 +46,8 @@ class BrokerConfig:
     kafka_auto_create_topics: bool = True
     log_level: str = "info"
     log_format: str = "text"  # text (human) or json (one JSON object per line)
+    # aiohttp's access log of the HTTP API (one line per request, logger ``aiohttp.access``).
+    http_access_log: bool = False
     # Mosquitto's max_keepalive: a v5 client asking for more (or for none) is told this
     # value as the server keep alive; 3.1.1 clients are held to it without being told.
     mqtt_max_keep_alive: int = 65535

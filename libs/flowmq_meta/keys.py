@@ -172,3 +172,10 @@ QUEUE_STATS = Subspace(("q_stats",))
 AMQP_EXCHANGES = Subspace(("amqp_x",))
 
 ALL_SUBSPACES.update({"QUEUE_STATS": QUEUE_STATS, "AMQP_EXCHANGES": AMQP_EXCHANGES})
+
+# Added by the admin API's scoped tokens (flowmq_meta.tokens): (token id,) -> JSON {"id",
+# "namespace", "role", "description", "created_at_ms", "sha256"}: a namespace-scoped admin
+# token, kept as the SHA-256 of its secret only.
+ADMIN_TOKENS = Subspace(("admin_token",))
+
+ALL_SUBSPACES.update({"ADMIN_TOKENS": ADMIN_TOKENS})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import re
 
@@ -13,10 +12,12 @@ from flowmq_admin import handlers as h
 from flowmq_admin import live_handlers as lh
 from flowmq_admin import live_schemas as ls
 from flowmq_admin import schemas
+from flowmq_admin.auth import audit, authenticate, authorize, restrict
 from flowmq_admin.console import add_routes as add_console_routes
 from flowmq_admin.envelope import ApiError, error_response, from_exception, ok
 from flowmq_admin.openapi import build_document
 from flowmq_admin.operations import PARAMS_KEY, Operation, Param
+from flowmq_admin.token_handlers import token_operations
 from flowmq_admin.validation import validate
 from flowmq_core.errors import FlowMQError
 from flowmq_core.version import flowmq_version
@@ -226,6 +227,7 @@ def operations() -> list[Operation]:
         Operation("GET", f"{API}/cluster/nodes", h.list_nodes, "listNodes",
                   "Broker nodes of the cluster", "Cluster", {"type": "array", "items": schemas.NODE},
                   errors=(401,)),
+        *token_operations(),
         Operation("POST", f"{API}/topics/{{topic}}/messages/batch", h.publish_batch,
                   "publishBatch", "Publish several messages to a topic", "Publish",
                   schemas.PUBLISH_BATCH_RESULT, body=schemas.PUBLISH_BATCH,
@@ -269,36 +271,35 @@ def _check_params(op: Operation, request: web.Request) -> None:
 def _wrap(op: Operation):
     async def handle(request: web.Request) -> web.StreamResponse:
         _check_params(op, request)
-        result = await op.handler(request, request.app[BACKEND_KEY])
+        backend = await authorize(op, request, request.app[BACKEND_KEY])
+        result = await op.handler(request, backend)
         if isinstance(result, web.StreamResponse):
             return result
-        return ok(result, op.status)
+        return ok(restrict(op, request, result), op.status)
 
     handle.operation = op  # type: ignore[attr-defined]
     return handle
 
 
-def _authorized(request: web.Request) -> web.Response | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    challenge = {"WWW-Authenticate": 'Bearer realm="flowmq"'}
-    if scheme.lower() != "bearer" or not token.strip():
-        return error_response(
-            "unauthorized", "missing Bearer token: send 'Authorization: Bearer <admin token>'",
-            headers=challenge,
-        )  # fmt: skip
-    if not hmac.compare_digest(token.strip().encode(), request.app[TOKEN_KEY].encode()):
-        return error_response("unauthorized", "invalid admin token", headers=challenge)
-    return None
-
-
 @web.middleware
 async def _envelope_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Authentication (``auth.py``), the JSON envelope of errors, and the audit line."""
     op: Operation | None = getattr(handler, "operation", None)
+    try:
+        response = await _answer(request, handler, op)
+    except web.HTTPException as exc:
+        audit(request, op, exc.status)
+        raise
+    audit(request, op, response.status)
+    return response
+
+
+async def _answer(request: web.Request, handler, op: Operation | None) -> web.StreamResponse:
     if op is not None and op.auth:
-        denied = _authorized(request)
-        if denied is not None:
-            return denied
+        tokens = getattr(request.app[BACKEND_KEY], "tokens", None)
+        caller = authenticate(request, request.app[TOKEN_KEY], tokens)
+        if isinstance(caller, web.Response):
+            return caller
     try:
         return await handler(request)
     except ApiError as exc:

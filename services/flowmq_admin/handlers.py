@@ -13,11 +13,12 @@ from aiohttp import web
 
 from flowmq_admin import schemas
 from flowmq_admin.envelope import ApiError
+from flowmq_admin.operations import NAMESPACE_KEY
 from flowmq_admin.validation import read_json_body
 from flowmq_core.mapping import amqp_queue_filter, kafka_to_canonical
 from flowmq_core.message import Message
 from flowmq_core.topics import validate_topic
-from flowmq_meta import users
+from flowmq_meta import tokens, users
 from flowmq_meta.catalog import (
     DEFAULT_NAMESPACE,
     QUEUE,
@@ -28,6 +29,7 @@ from flowmq_meta.catalog import (
     Destination,
     validate_namespace_name,
 )
+from flowmq_meta.tokens import TokenDirectory
 from flowmq_meta.users import UserDirectory
 
 
@@ -36,6 +38,7 @@ class AdminBackend(Protocol):
 
     catalog: Catalog
     users: UserDirectory
+    tokens: TokenDirectory  # namespace-scoped admin tokens (auth.py)
 
     def route(self, namespace: str, topic: str) -> list[Destination]: ...
 
@@ -97,7 +100,7 @@ class AdminBackend(Protocol):
 
 
 def namespace_of(request: web.Request) -> str:
-    namespace = request.query.get("namespace", DEFAULT_NAMESPACE)
+    namespace = request.query.get("namespace", request.get(NAMESPACE_KEY, DEFAULT_NAMESPACE))
     validate_namespace_name(namespace)
     return namespace
 
@@ -121,6 +124,7 @@ async def get_namespace(request: web.Request, backend: AdminBackend) -> Any:
 async def delete_namespace(request: web.Request, backend: AdminBackend) -> Any:
     name = request.match_info["name"]
     await backend.catalog.delete_namespace(name)
+    await tokens.delete_namespace_tokens(backend.tokens.store, name)  # not for a namesake
     await backend.metadata_changed()
     return {"deleted": name}
 
@@ -292,7 +296,7 @@ async def create_user(request: web.Request, backend: AdminBackend) -> Any:
         backend.users.store,
         body["username"],
         body["password"],
-        body.get("namespace", DEFAULT_NAMESPACE),
+        body.get("namespace", request.get(NAMESPACE_KEY, DEFAULT_NAMESPACE)),
     )
     await backend.metadata_changed()
     return created

@@ -31,7 +31,9 @@ def build_document(operations: list[Operation], version: str) -> dict[str, Any]:
             "description": _REASONS.get(op.status, "OK"),
             "content": {"application/json": {"schema": success_schema}},
         }
-        implied = ({401} if op.auth else set()) | ({400, 422} if op.params or op.body else set())
+        implied = ({401, 403} if op.auth else set()) | (
+            {400, 422} if op.params or op.body else set()
+        )
         for status in sorted(set(op.errors) | implied):
             responses[str(status)] = {
                 "description": _REASONS[status],

@@ -19,6 +19,12 @@ PARAMS_KEY: Any = (
     web.RequestKey("params", dict) if hasattr(web, "RequestKey") else "flowmq_admin.params"
 )
 
+# The namespace a request addresses when it names none (``?namespace=``): a scoped token's
+# own (set by ``auth.authorize``); absent, ``default``.
+NAMESPACE_KEY: Any = (
+    web.RequestKey("namespace", str) if hasattr(web, "RequestKey") else "flowmq_admin.namespace"
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Param:

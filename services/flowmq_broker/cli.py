@@ -75,6 +75,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "log_format": "text (default) or json: one JSON object per log line",
         "mqtt_max_offline_bytes": "bytes of QoS 1/2 messages an offline persistent session "
         "keeps (default 64 MiB); past it publishes for it are refused (v5 0x97)",
+        "http_access_log": "true or false: log every HTTP API request (aiohttp's access log, "
+        "logger aiohttp.access; default false)",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "
         "a v5 client asking for more or for none is given this as server keep alive",
         "gossip_interval": f"seconds between gossip rounds (default {defaults.gossip_interval})",

@@ -68,12 +68,12 @@ class GroupAdmin:
     def _coordination(self, ns: str, group: str) -> dict[str, Any]:
         """Who coordinates ``group`` and, if this broker does, its state and members."""
         kafka = self._kafka()
-        if kafka is None or ns != kafka.namespace:
+        if kafka is None:
             return {"coordinator": None, "state": None, "members": None}
         coordinator = kafka.cluster.coordinator(group).name
         if not kafka.owns_group(group):
             return {"coordinator": coordinator, "state": None, "members": None}
-        live = kafka.coordinator.describe(group)
+        live = kafka.live_group(ns, group)
         if live is None:
             return {"coordinator": coordinator, "state": "Empty", "members": []}
         members = [
@@ -90,8 +90,8 @@ class GroupAdmin:
     async def list(self, ns: str) -> list[dict[str, Any]]:
         names = set(await self.offsets.groups(ns))
         kafka = self._kafka()
-        if kafka is not None and ns == kafka.namespace:
-            names.update(kafka.coordinator.groups)
+        if kafka is not None:
+            names.update(kafka.live_group_ids(ns))
         out = []
         for group in sorted(names):
             info = self._coordination(ns, group)
@@ -112,7 +112,7 @@ class GroupAdmin:
         info = self._coordination(ns, group)
         if not committed and not info["members"]:
             kafka = self._kafka()
-            if kafka is None or group not in kafka.coordinator.groups:
+            if kafka is None or kafka.live_group(ns, group) is None:
                 raise NotFound(f"consumer group {group!r} has no members and no offsets")
         by_stream: dict[str, list[tuple[int, CommittedOffset]]] = {}
         for (stream, partition), offset in committed.items():
@@ -165,8 +165,6 @@ class GroupAdmin:
                     details={"kafka_nodes": sorted(kafka_nodes)},
                 )
             return
-        if ns != kafka.namespace:
-            return
         if not kafka.owns_group(group):
             coordinator = kafka.cluster.coordinator(group).name
             raise NotCoordinator(
@@ -174,7 +172,7 @@ class GroupAdmin:
                 f"through that broker's admin API",
                 details={"coordinator": coordinator},
             )
-        live = kafka.coordinator.describe(group)
+        live = kafka.live_group(ns, group)
         if live is not None and live.members:
             raise GroupConflict(
                 f"group {group!r} has {len(live.members)} live member(s); stop its consumers "

@@ -14,6 +14,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import log as web_log
 from aiohttp import web
 
 import flowmq_metrics as metrics
@@ -44,6 +45,7 @@ from flowmq_kas3.store import StreamStore
 from flowmq_meta import open_meta_store
 from flowmq_meta.api import MetaError, MetaStore
 from flowmq_meta.catalog import Catalog, Destination
+from flowmq_meta.tokens import TokenDirectory
 from flowmq_meta.users import UserDirectory
 from flowmq_objstore import open_object_store
 from flowmq_objstore.api import ObjectStore, ObjectStoreError
@@ -317,6 +319,7 @@ class Broker(OperationsBackend):
             ).run_once,
         )
         self.users = UserDirectory(self.meta)
+        self.tokens = TokenDirectory(self.meta)
         log.info(
             "client listeners and the HTTP API bind %s; anonymous clients %s",
             cfg.bind,
@@ -324,6 +327,7 @@ class Broker(OperationsBackend):
         )
         self.sync = CatalogSync(self.catalog, self.router)
         self.sync.on_change.append(self.users.refresh)
+        self.sync.on_change.append(self.tokens.refresh)
         await self.sync.refresh()
         self.sync.start()
 
@@ -402,8 +406,11 @@ class Broker(OperationsBackend):
         # Room for any URL a client may send, so that a topic past MAX_TOPIC_BYTES is refused
         # by our own check inside the JSON envelope, not by aiohttp's 8 KiB request line
         # (a plain-text 400 no client of the API expects).
+        # The access log (``http_access_log``): aiohttp's, one line per request at info on
+        # ``aiohttp.access``, without the Authorization header.
+        access_log = web_log.access_logger if self.config.http_access_log else None
         self._runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, max_line_size=256 * 1024
+            app, access_log=access_log, handle_signals=False, max_line_size=256 * 1024
         )
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()

@@ -114,6 +114,19 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     _leaf(verbs, "delete", resources.namespace_delete, "delete an empty namespace",
           [common]).add_argument("name")  # fmt: skip
 
+    verbs = _verbs(sub, "token", "namespace-scoped admin tokens (cluster admin token only)")
+    create = _leaf(verbs, "create", resources.token_create,
+                   "create a token for one namespace; prints its secret, shown only once",
+                   [common], "example: flowmq token create -n tenant-a --role viewer")  # fmt: skip
+    create.add_argument("-n", "--namespace", required=True, help="the token's namespace")
+    create.add_argument("--role", required=True, choices=("admin", "viewer"),
+                        help="admin: read and change the namespace; viewer: read it")  # fmt: skip
+    create.add_argument("--description", help="a note for operators (who holds it)")
+    _leaf(verbs, "list", resources.token_list, "list tokens (never their secrets)", [common])
+    _leaf(verbs, "delete", resources.token_delete, "delete a token", [common]).add_argument(
+        "id", help="the token id (flowmq token list)"
+    )
+
     verbs = _verbs(sub, "group", "consumer groups: members, committed offsets, lag")
     _leaf(verbs, "list", resources.group_list, "list consumer groups", both)
     _leaf(verbs, "describe", resources.group_describe,

@@ -1,4 +1,4 @@
-"""``flowmq stream|queue|subscription|namespace|group|client|user`` and ``cluster status``,
+"""``flowmq stream|queue|subscription|namespace|token|group|client|user`` and ``cluster status``,
 ``version``: one admin API call (or two) per verb, the answer rendered by ``output``."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ CLIENT_COLUMNS = (
 SUBSCRIPTION_COLUMNS = ("client_id", "topic_filter", "qos", "shared_group", "namespace", "node_id")
 NODE_COLUMNS = ("node_id", "status", "gossip", "roles", "version", "host", "http", "self")
 USER_COLUMNS = ("username", "namespace", "created_at_ms")
+TOKEN_COLUMNS = ("id", "namespace", "role", "description", "created_at_ms")
 
 
 def _done(ctx: Context, data: Any, text: str) -> int:
@@ -147,6 +148,32 @@ def namespace_create(args: argparse.Namespace, ctx: Context) -> int:
 def namespace_delete(args: argparse.Namespace, ctx: Context) -> int:
     data = ctx.api.call("DELETE", f"/namespaces/{quote(args.name)}")
     return _done(ctx, data, f"namespace {args.name} deleted")
+
+
+# --- admin tokens ------------------------------------------------------------------------------
+def token_create(args: argparse.Namespace, ctx: Context) -> int:
+    body = {"namespace": args.namespace, "role": args.role}
+    if args.description:
+        body["description"] = args.description
+    data = ctx.api.call("POST", "/tokens", body)
+    if ctx.fmt != "table":
+        emit(data, ctx.fmt)
+        return 0
+    ctx.out.write(
+        f"token {data['id']} created: {data['role']} of namespace {data['namespace']}; "
+        f"its secret, shown only this once, is the next line\n{data['token']}\n"
+    )
+    return 0
+
+
+def token_list(args: argparse.Namespace, ctx: Context) -> int:
+    emit(ctx.api.call("GET", "/tokens"), ctx.fmt, TOKEN_COLUMNS)
+    return 0
+
+
+def token_delete(args: argparse.Namespace, ctx: Context) -> int:
+    data = ctx.api.call("DELETE", f"/tokens/{quote(args.id)}")
+    return _done(ctx, data, f"token {args.id} deleted")
 
 
 # --- consumer groups ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from flowmq_broker.amqp.channel import Channel
 from flowmq_broker.amqp.errors import AmqpError, ConnectionError_
 from flowmq_broker.amqp.memqueue import MemoryQueue
 from flowmq_broker.amqp.state import AmqpState
+from flowmq_core.audit import audit_log
 from flowmq_core.errors import NotFound
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_meta.users import RATE_LIMITED
@@ -365,7 +366,7 @@ class AmqpConnection(asyncio.Protocol):
 
     def _refuse_login(self, mechanism: str, user: str | None, why: str) -> None:
         """403 ACCESS_REFUSED (Connection.Close), the client told as little as RabbitMQ does."""
-        log.info("AMQP connection %s: login refused (%s); user name %r", self.peer, why, user)
+        audit_log.info("AMQP connection %s: login refused (%s); user name %r", self.peer, why, user)
         self.fail(
             rc.ACCESS_REFUSED,
             f"ACCESS_REFUSED - login refused using authentication mechanism {mechanism}",
@@ -397,6 +398,13 @@ class AmqpConnection(asyncio.Protocol):
         own = self.user_namespace
         if own is not None and namespace != own:
             if vhost != "/":  # a user's "/" is its own namespace; any other must be it
+                audit_log.info(
+                    "AMQP connection %s: user %r refused vhost %s (its namespace is %s)",
+                    self.peer,
+                    self.username,
+                    vhost,
+                    own,
+                )
                 self.fail(
                     rc.NOT_ALLOWED,
                     f"NOT_ALLOWED - vhost {vhost} is not user {self.username}'s ({own})",

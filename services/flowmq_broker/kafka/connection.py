@@ -22,7 +22,9 @@ import flowmq_metrics as metrics
 from flowmq_broker.kafka import sasl
 from flowmq_broker.kafka.context import Handler, RequestContext, ServerState
 from flowmq_broker.kafka.sasl_exchange import PRE_AUTH_MAX_FRAME, SASL_TIMEOUT_S, SaslExchange
+from flowmq_broker.kafka.tenants import KafkaTenant
 from flowmq_broker.tls import ServerTls
+from flowmq_core.audit import audit_log
 from flowmq_core.limits import MAX_CLIENT_ID_BYTES, utf8_size
 from flowmq_wire.kafka import (
     API_VERSIONS_KEY,
@@ -93,6 +95,8 @@ class KafkaConnection(asyncio.Protocol):
         self.client_address = "?"
         self.closing = False
         self.user: str | None = None
+        # The namespace the connection sees: default until a user authenticates.
+        self.tenant: KafkaTenant = server.tenants.default
         self.sasl: SaslExchange | None = None
         self.sasl_raw_next = False  # SaslHandshake v0: the next frames are bare tokens
         self._auth_timer: asyncio.TimerHandle | None = None
@@ -120,6 +124,7 @@ class KafkaConnection(asyncio.Protocol):
         if sock:
             self.local_host = sock[0]
         self.server.connections.add(self)
+        self.server.tenants.attach(self.tenant)
         self.tls = transport.get_extra_info("ssl_object") is not None
         if not self.server.allow_anonymous:
             # Until SASL succeeds: small frames only, and not for long.
@@ -137,19 +142,30 @@ class KafkaConnection(asyncio.Protocol):
         if self.server.services.users.namespace_of(user) is not None:
             self.authenticated(user)
         else:
-            log.info("kafka %s: certificate CN %r is no user; closing", self.peer, user)
+            audit_log.info("kafka %s: certificate CN %r is no user; closing", self.peer, user)
             self.close()
 
     def _auth_timeout(self) -> None:
         self._auth_timer = None
         if self.user is None and not self.closing:
-            log.info(
+            audit_log.info(
                 "kafka %s: no SASL authentication within %.0f s; closing", self.peer, SASL_TIMEOUT_S
             )
             self.close()
 
     def authenticated(self, user: str) -> None:
+        namespace = self.server.services.users.namespace_of(user)
+        if namespace is None:  # deleted since its login was checked
+            audit_log.info("kafka %s: user %r no longer exists; closing", self.peer, user)
+            self.close()
+            return
         self.user = user
+        if namespace != self.tenant.namespace:  # the user's tenant, from now on
+            tenants = self.server.tenants
+            tenant = tenants.get(namespace)
+            tenants.attach(tenant)
+            tenants.detach(self.tenant)
+            self.tenant = tenant
         self.sasl_raw_next = False
         self.splitter.max_frame = self.server.max_request_size
         if self._auth_timer is not None:
@@ -160,7 +176,9 @@ class KafkaConnection(asyncio.Protocol):
         self.closing = True
         if self._auth_timer is not None:
             self._auth_timer.cancel()
-        self.server.connections.discard(self)
+        if self in self.server.connections:
+            self.server.connections.discard(self)
+            self.server.tenants.detach(self.tenant)
         if self.fetching:
             self.server.update_stream_subscriptions()
         for task in list(self._tasks):
@@ -222,7 +240,7 @@ class KafkaConnection(asyncio.Protocol):
             self.close()
             return
         if self.user is None and not server.allow_anonymous and header.api_key not in _SASL_APIS:
-            log.info("kafka %s: %s before authentication; closing", self.peer, spec.name)
+            audit_log.info("kafka %s: %s before authentication; closing", self.peer, spec.name)
             self.close()
             return
         try:

@@ -6,7 +6,8 @@ The adapter's modules import in one direction only (no cycle, also none under
 ``TYPE_CHECKING``):
 
     flowmq_wire.kafka (codec)
-      → context + state: context, topics, cluster, coordinator, idempotence, sasl_exchange
+      → state: topics, cluster, coordinator, idempotence, sasl_exchange
+      → tenants (one namespace's topics and groups), then context
       → handlers: produce, fetch, metadata, groups, offsets, sasl, topic_admin
       → connection (one client's I/O, dispatch by ``ApiSpec``)
       → server (the listener: builds the state and the API table)
@@ -14,7 +15,8 @@ The adapter's modules import in one direction only (no cycle, also none under
 ``ServerState`` and ``ConnectionState`` are ``Protocol``s that ``KafkaServer`` and
 ``KafkaConnection`` satisfy, so a handler reads the listener's state without importing the
 modules above it.  A context is built per request and holds references only: no copy, no
-await.
+await.  ``ctx.tenant`` is the connection's namespace (``tenants.KafkaTenant``): its topics,
+groups and namespace name, the only ones a handler may touch.
 """
 
 from __future__ import annotations
@@ -24,10 +26,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from flowmq_broker.kafka.cluster import ClusterView
-from flowmq_broker.kafka.coordinator import GroupCoordinator
 from flowmq_broker.kafka.idempotence import ProducerStates
 from flowmq_broker.kafka.sasl_exchange import SaslExchange
-from flowmq_broker.kafka.topics import TopicManager
+from flowmq_broker.kafka.tenants import KafkaTenant, Tenants
 from flowmq_broker.services import BrokerServices
 from flowmq_meta.group_offsets import GroupOffsetStore
 from flowmq_wire.kafka import RequestHeader, response_class
@@ -37,15 +38,13 @@ class ServerState(Protocol):
     """What handlers use of the Kafka listener: the state it shares among connections."""
 
     services: BrokerServices
-    namespace: str
     max_request_size: int
     # (api key, min version, max version) for every API served: what ApiVersions lists.
     supported: list[tuple[int, int, int]]
     cluster: ClusterView
-    topics: TopicManager
-    offsets: GroupOffsetStore
-    producers: ProducerStates
-    coordinator: GroupCoordinator
+    tenants: Tenants
+    offsets: GroupOffsetStore  # keyed by namespace: pass ``ctx.tenant.namespace``
+    producers: ProducerStates  # keyed by namespace too
 
     def owns_group(self, group_id: str) -> bool:
         """Whether this broker coordinates ``group_id`` (else NOT_COORDINATOR)."""
@@ -65,6 +64,7 @@ class ConnectionState(Protocol):
     client_host: str  # "/<client address>", as Kafka shows members
     client_address: str  # the client's IP address (failed logins are counted against it)
     user: str | None  # once authenticated
+    tenant: KafkaTenant  # the user's namespace (``default`` until authenticated)
     sasl: SaslExchange | None  # from SaslHandshake on
     sasl_raw_next: bool  # SaslHandshake v0: the next frames are bare tokens
     fetching: bool
@@ -86,11 +86,12 @@ class ConnectionState(Protocol):
 class RequestContext:
     """What a handler knows about the request besides its body."""
 
-    __slots__ = ("api_key", "client_id", "conn", "correlation_id", "server", "version")
+    __slots__ = ("api_key", "client_id", "conn", "correlation_id", "server", "tenant", "version")
 
     def __init__(self, conn: ConnectionState, server: ServerState, header: RequestHeader) -> None:
         self.conn = conn
         self.server = server
+        self.tenant = conn.tenant
         self.api_key = header.api_key
         self.version = header.api_version
         self.correlation_id = header.correlation_id

@@ -42,7 +42,7 @@ class _Got(NamedTuple):
 
 
 def _wants(ctx: RequestContext, req: Any) -> list[_Want]:
-    topics = ctx.server.topics
+    topics = ctx.tenant.topics
     wants = []
     for t in req.topics:
         dest = topics.get(t.topic)
@@ -61,7 +61,7 @@ async def _read(ctx: RequestContext, want: _Want, limit: int) -> _Got:
     store = ctx.server.services.streams
     try:
         result: FetchResult = await store.fetch(
-            ctx.server.namespace, want.topic, want.partition, want.offset, max(1, limit)
+            ctx.tenant.namespace, want.topic, want.partition, want.offset, max(1, limit)
         )
     except OffsetOutOfRange as exc:
         return _Got(ErrorCode.OFFSET_OUT_OF_RANGE, _EMPTY, exc.high_watermark, exc.log_start_offset)
@@ -90,7 +90,7 @@ async def handle_fetch(ctx: RequestContext, req: Any) -> Any:
     max_bytes = req.max_bytes if ctx.version >= 3 and req.max_bytes > 0 else 1 << 30
     wants = _wants(ctx, req)
     store = server.services.streams
-    ns = server.namespace
+    ns = ctx.tenant.namespace
     while True:
         got = await asyncio.gather(*(_read(ctx, w, min(w.max_bytes, max_bytes)) for w in wants))
         size = sum(len(g.records) for g in got)
@@ -136,7 +136,7 @@ def _response(ctx: RequestContext, wants: list[_Want], got: list[_Got], max_byte
             )
         )
     if out_records:
-        ns = ctx.server.namespace
+        ns = ctx.tenant.namespace
         metrics.kafka_messages_out_count.labels(ns).inc(out_records)
         metrics.kafka_messages_out_bytes_count.labels(ns).inc(out_bytes)
     return resp(
@@ -154,14 +154,14 @@ async def _offset_for(
     ctx: RequestContext, topic: str, partition: int, timestamp: int
 ) -> tuple[int, int, int]:
     """(error, timestamp, offset) as ListOffsets answers them."""
-    dest = ctx.server.topics.get(topic)
+    dest = ctx.tenant.topics.get(topic)
     if dest is None or not 0 <= partition < partition_count(dest):
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1
     if timestamp < 0 and timestamp not in (LATEST_TIMESTAMP, EARLIEST_TIMESTAMP):
         return ErrorCode.UNSUPPORTED_VERSION, -1, -1
     store = ctx.server.services.streams
     try:
-        found = await store.offset_for_timestamp(ctx.server.namespace, topic, partition, timestamp)
+        found = await store.offset_for_timestamp(ctx.tenant.namespace, topic, partition, timestamp)
     except Exception as exc:
         log.warning("kafka: offsets of %s[%d] unavailable: %s", topic, partition, exc)
         return ErrorCode.KAFKA_STORAGE_ERROR, -1, -1

@@ -65,7 +65,7 @@ def handle_join_group(ctx: RequestContext, req: Any) -> Any:
 
     if not ctx.server.owns_group(req.group_id):
         return build(JoinResult(ErrorCode.NOT_COORDINATOR))
-    result = ctx.server.coordinator.join(
+    result = ctx.tenant.coordinator.join(
         req.group_id,
         req.member_id or "",
         req.group_instance_id if version >= 5 else None,
@@ -94,7 +94,7 @@ def handle_sync_group(ctx: RequestContext, req: Any) -> Any:
 
     if not ctx.server.owns_group(req.group_id):
         return build(SyncResult(ErrorCode.NOT_COORDINATOR))
-    result = ctx.server.coordinator.sync(
+    result = ctx.tenant.coordinator.sync(
         req.group_id,
         req.generation_id,
         req.member_id,
@@ -109,7 +109,7 @@ def handle_heartbeat(ctx: RequestContext, req: Any) -> Any:
     if not ctx.server.owns_group(req.group_id):
         code = ErrorCode.NOT_COORDINATOR
     else:
-        code = ctx.server.coordinator.heartbeat(req.group_id, req.generation_id, req.member_id)
+        code = ctx.tenant.coordinator.heartbeat(req.group_id, req.generation_id, req.member_id)
     return ctx.response(throttle_time_ms=0, error_code=code)
 
 
@@ -121,7 +121,7 @@ def handle_leave_group(ctx: RequestContext, req: Any) -> Any:
         identities = [(req.member_id, None)]
     if not ctx.server.owns_group(req.group_id):
         return resp(throttle_time_ms=0, error_code=ErrorCode.NOT_COORDINATOR, members=[])
-    codes = ctx.server.coordinator.leave(req.group_id, [m for m, _ in identities])
+    codes = ctx.tenant.coordinator.leave(req.group_id, [m for m, _ in identities])
     if ctx.version < 3:
         return resp(throttle_time_ms=0, error_code=codes[0])
     return resp(
@@ -153,7 +153,7 @@ def handle_describe_groups(ctx: RequestContext, req: Any) -> Any:
                 )
             )
             continue
-        group = ctx.server.coordinator.describe(group_id)
+        group = ctx.tenant.coordinator.describe(group_id)
         if group is None:
             out.append(
                 group_cls(
@@ -197,11 +197,11 @@ async def handle_list_groups(ctx: RequestContext, req: Any) -> Any:
     resp = ctx.response
     server = ctx.server
     listed: dict[str, tuple[str, str]] = {}
-    for group_id, group in server.coordinator.groups.items():
+    for group_id, group in ctx.tenant.coordinator.groups.items():
         listed[group_id] = (group.protocol_type or "consumer", group.state.value)
     # Groups known only by their committed offsets are Empty consumer groups, as in Kafka.
     try:
-        stored = await server.offsets.groups(server.namespace)
+        stored = await server.offsets.groups(ctx.tenant.namespace)
     except Exception as exc:
         log.warning("kafka: cannot list the groups with offsets: %s", exc)
         stored = []
@@ -232,18 +232,18 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> Any:
         if not server.owns_group(group_id):
             code = ErrorCode.NOT_COORDINATOR
         else:
-            group = server.coordinator.describe(group_id)
+            group = ctx.tenant.coordinator.describe(group_id)
             if group is None and stored is None:
-                stored = set(await server.offsets.groups(server.namespace))
+                stored = set(await server.offsets.groups(ctx.tenant.namespace))
             known = group is not None or group_id in stored  # type: ignore[operator]
             if group is not None and group.members:
                 code = ErrorCode.NON_EMPTY_GROUP
             elif not known:
                 code = ErrorCode.GROUP_ID_NOT_FOUND
             else:
-                server.coordinator.forget(group_id)
+                ctx.tenant.coordinator.forget(group_id)
                 try:
-                    await server.offsets.delete_group(server.namespace, group_id)
+                    await server.offsets.delete_group(ctx.tenant.namespace, group_id)
                     code = ErrorCode.NONE
                     if stored is not None:
                         stored.discard(group_id)

@@ -43,8 +43,7 @@ def _port(ctx: RequestContext, node: KafkaNode) -> int:
 
 
 def handle_metadata(ctx: RequestContext, req: Any) -> Any:
-    server = ctx.server
-    topics = server.topics
+    topics = ctx.tenant.topics
     if req.topics is None or (ctx.version == 0 and not req.topics):
         names: list[str] | None = None
     else:
@@ -65,7 +64,7 @@ def handle_metadata(ctx: RequestContext, req: Any) -> Any:
 
 
 async def _metadata_after_create(ctx: RequestContext, names: list[str], missing: list[str]) -> Any:
-    results = await ctx.server.topics.ensure(missing)
+    results = await ctx.tenant.topics.ensure(missing)
     errors = {n: r for n, r in results.items() if isinstance(r, TopicError)}
     return _metadata_response(ctx, names, errors)
 
@@ -75,7 +74,7 @@ def _metadata_response(
 ) -> Any:
     server = ctx.server
     cluster = server.cluster
-    topics = server.topics
+    topics = ctx.tenant.topics
     resp = ctx.response
     brokers = [
         resp.MetadataResponseBroker(node_id=n.id, host=_host(ctx, n), port=_port(ctx, n), rack=None)
@@ -235,7 +234,7 @@ def _broker_configs(ctx: RequestContext) -> list[tuple[str, str, int, int, bool]
     return [
         (
             "auto.create.topics.enable",
-            str(server.topics.auto_create).lower(),
+            str(ctx.tenant.topics.auto_create).lower(),
             _STATIC_BROKER,
             _BOOLEAN,
             True,
@@ -257,7 +256,7 @@ def handle_describe_configs(ctx: RequestContext, req: Any) -> Any:
         error, message = ErrorCode.NONE, None
         entries: list[tuple[str, str, int, int, bool]] = []
         if res.resource_type == RESOURCE_TOPIC:
-            dest = ctx.server.topics.get(res.resource_name)
+            dest = ctx.tenant.topics.get(res.resource_name)
             if dest is None:
                 error, message = (
                     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,

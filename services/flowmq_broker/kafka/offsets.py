@@ -34,14 +34,14 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
     elif not valid_group_id(req.group_id):
         group_error = ErrorCode.INVALID_GROUP_ID
     else:
-        group_error = server.coordinator.check_commit(
+        group_error = ctx.tenant.coordinator.check_commit(
             req.group_id, req.generation_id_or_member_epoch, req.member_id or ""
         )
     stamp = now_ms()
     results: list[tuple[str, list[tuple[int, int]]]] = []
     entries = []
     for t in req.topics:
-        dest = server.topics.get(t.name)
+        dest = ctx.tenant.topics.get(t.name)
         count = partition_count(dest) if dest is not None else 0
         codes = []
         for p in t.partitions:
@@ -78,7 +78,7 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
 
     if not entries:
         return build(ErrorCode.NONE)
-    written = server.offsets.commit(server.namespace, req.group_id, entries)
+    written = server.offsets.commit(ctx.tenant.namespace, req.group_id, entries)
     answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def done(fut: asyncio.Future[None]) -> None:
@@ -97,7 +97,7 @@ async def _group_offsets(
         return ErrorCode.NOT_COORDINATOR, []
     wanted = None if topics is None else [(name, p) for name, parts in topics for p in parts]
     try:
-        found = await server.offsets.fetch(server.namespace, group_id, wanted)
+        found = await server.offsets.fetch(ctx.tenant.namespace, group_id, wanted)
     except Exception as exc:
         log.warning("kafka: cannot read the offsets of group %s: %s", group_id, exc)
         return ErrorCode.COORDINATOR_NOT_AVAILABLE, []

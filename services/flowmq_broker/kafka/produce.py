@@ -89,8 +89,8 @@ def _validate(records: bytes) -> BatchesSummary:
 
 def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]], list[str]]:
     """Parts per topic, and the topics to create first."""
-    server = ctx.server
-    topics = server.topics
+    topics = ctx.tenant.topics
+    ns = ctx.tenant.namespace
     plan: list[tuple[str, list[_Part]]] = []
     missing: list[str] = []
     for t in req.topic_data:
@@ -129,7 +129,7 @@ def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]],
                 part.fail(ErrorCode.CORRUPT_MESSAGE, str(exc))
                 continue
             if part.batch is not None:
-                part.key = (server.namespace, name, part.index, part.batch.producer_id)
+                part.key = (ns, name, part.index, part.batch.producer_id)
     return plan, missing
 
 
@@ -196,13 +196,12 @@ async def _produce_slowly(
     gate: asyncio.Future[None] | None,
     submitted: asyncio.Future[None],
 ) -> Any:
-    server = ctx.server
     try:
         if gate is not None:
             await asyncio.wait([gate])
         plan, missing = _plan(ctx, req)
         if missing:
-            created = await server.topics.ensure(missing)
+            created = await ctx.tenant.topics.ensure(missing)
             plan, _ = _plan(ctx, req)
             for name, parts in plan:
                 result = created.get(name)
@@ -247,7 +246,7 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
     server = ctx.server
     streams = server.services.streams
     producers = server.producers
-    ns = server.namespace
+    ns = ctx.tenant.namespace
     routed: list[Any] = []
     in_records = in_bytes = 0
     for name, parts in plan:
@@ -381,7 +380,7 @@ def _route_elsewhere(ctx: RequestContext, name: str, part: _Part, acks: int) -> 
     awaitables of the durable ones.  Decoding (and decompressing) happens only here."""
     server = ctx.server
     router = server.services.router
-    ns = server.namespace
+    ns = ctx.tenant.namespace
     canonical = kafka_to_canonical(name)
     own = Binding(STREAM, ns, name)
     matched = router.match(ns, canonical)

@@ -11,15 +11,13 @@ authenticating (``KafkaConnection``).
 
 from __future__ import annotations
 
-import logging
 import struct
 from typing import Any
 
 from flowmq_broker.kafka.context import ConnectionState, RequestContext
 from flowmq_broker.kafka.sasl_exchange import MECHANISMS, SaslExchange, SaslFailed
+from flowmq_core.audit import audit_log
 from flowmq_wire.kafka import ErrorCode
-
-log = logging.getLogger(__name__)
 
 
 def handle_sasl_handshake(ctx: RequestContext, req: Any) -> Any:
@@ -43,7 +41,7 @@ def _refuse(ctx: RequestContext, code: int, message: str) -> Any:
 
 
 def _log_refusal(conn: ConnectionState, exchange: SaslExchange, exc: SaslFailed) -> None:
-    log.info(
+    audit_log.info(
         "kafka %s: SASL %s authentication refused (%s); user name %r",
         conn.peer,
         exchange.mechanism,

@@ -1,10 +1,10 @@
 """The Kafka listener (role ``kafka``): ``KafkaServer(services)``, ``await start(port)``,
 ``await stop()``.
 
-Kafka topics are the Streams of the default namespace; produced record batches go to
-``services.streams`` as they are and, when other destinations match the topic's canonical
-name, through the router to them as well (DESIGN.md §3).  The API table below is exactly
-what ApiVersions advertises.
+Kafka topics are the Streams of the connection's namespace: its user's, ``default`` for an
+anonymous client (``tenants.py``).  Produced record batches go to ``services.streams`` as
+they are and, when other destinations match the topic's canonical name, through the router
+to them as well (DESIGN.md §3).  The API table below is exactly what ApiVersions advertises.
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ from flowmq_broker.kafka import fetch, groups, metadata, offsets, produce, sasl,
 from flowmq_broker.kafka.cluster import ClusterView
 from flowmq_broker.kafka.connection import ApiSpec, KafkaConnection
 from flowmq_broker.kafka.context import Handler
-from flowmq_broker.kafka.coordinator import GroupCoordinator
+from flowmq_broker.kafka.coordinator import Group
 from flowmq_broker.kafka.idempotence import ProducerStates
-from flowmq_broker.kafka.topics import TopicManager
+from flowmq_broker.kafka.tenants import Tenants
 from flowmq_broker.listeners import listen
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.tls import ServerTls
-from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_meta.group_offsets import GroupOffsetStore
 from flowmq_wire.kafka import API_NAMES, DEFAULT_MAX_FRAME, FrameSplitter, api_name
 
@@ -65,15 +64,12 @@ class KafkaServer:
         self, services: BrokerServices, *, max_request_size: int = DEFAULT_MAX_FRAME
     ) -> None:
         self.services = services
-        self.namespace = DEFAULT_NAMESPACE
         self.max_request_size = max_request_size
         self.allow_anonymous = bool(services.config.allow_anonymous)  # resolved: never None
         self.cluster = ClusterView(services.node_id, services.nodes)
-        self.topics = TopicManager(services, self.namespace)
+        self.tenants = Tenants(services, self._forget_topic)
         self.offsets = GroupOffsetStore(services.meta)
         self.producers = ProducerStates(services.meta)
-        self.coordinator = GroupCoordinator()
-        self.topics.on_deleted.append(self._forget_topic)
         self.apis: dict[int, ApiSpec] = {
             key: ApiSpec(key, low, high, handler) for key, low, high, handler in API_TABLE
         }
@@ -110,7 +106,7 @@ class KafkaServer:
             server.close()
         for conn in list(self.connections):
             conn.close()
-        self.coordinator.shutdown()
+        self.tenants.shutdown()
         await self.cluster.stop()
         await self.offsets.close()
         for server in servers:
@@ -137,7 +133,21 @@ class KafkaServer:
         metrics.broker_stream_subscriptions.set(sum(1 for c in self.connections if c.fetching))
 
     def owns_group(self, group_id: str) -> bool:
+        """Placement hashes the group id alone: one broker coordinates a group id in every
+        namespace, each namespace's group apart (``tenants.py``)."""
         return self.cluster.is_local(self.cluster.coordinator(group_id))
+
+    # -- operations view (admin API: consumer groups) -----------------------------------------
+
+    def live_group(self, namespace: str, group_id: str) -> Group | None:
+        """The in-memory state of group (``namespace``, ``group_id``) if this broker has it."""
+        tenant = self.tenants.find(namespace)
+        return None if tenant is None else tenant.coordinator.describe(group_id)
+
+    def live_group_ids(self, namespace: str) -> list[str]:
+        """The groups of ``namespace`` this broker coordinates and keeps in memory."""
+        tenant = self.tenants.find(namespace)
+        return [] if tenant is None else list(tenant.coordinator.groups)
 
     # -- operations view (admin API: clients, kick) -----------------------------------------
 
@@ -151,7 +161,7 @@ class KafkaServer:
                 "protocol_version": None,
                 "node_id": self.services.node_id,
                 "address": conn.peer,
-                "namespace": self.namespace,
+                "namespace": conn.tenant.namespace,
                 "user": conn.user,
                 "client_id": None,
                 "connected": not conn.closing,
@@ -171,9 +181,9 @@ class KafkaServer:
                 return True
         return False
 
-    async def _forget_topic(self, name: str) -> None:
-        await self.offsets.delete_stream(self.namespace, name)
-        await self.producers.forget_stream(self.namespace, name)
+    async def _forget_topic(self, namespace: str, name: str) -> None:
+        await self.offsets.delete_stream(namespace, name)
+        await self.producers.forget_stream(namespace, name)
 
 
 __all__ = ["API_TABLE", "ApiSpec", "KafkaServer"]

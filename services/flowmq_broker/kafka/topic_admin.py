@@ -24,7 +24,7 @@ async def _outcome(job: Any) -> tuple[int, str | None, Any]:
 
 
 async def handle_create_topics(ctx: RequestContext, req: Any) -> Any:
-    topics = ctx.server.topics
+    topics = ctx.tenant.topics
     resp = ctx.response
     seen: dict[str, int] = {}
     for t in req.topics:
@@ -71,7 +71,7 @@ async def _fail(code: int, message: str) -> tuple[int, str | None, Any]:
 
 
 async def handle_delete_topics(ctx: RequestContext, req: Any) -> Any:
-    topics = ctx.server.topics
+    topics = ctx.tenant.topics
     resp = ctx.response
     if ctx.version >= 6:
         wanted = []
@@ -98,7 +98,7 @@ async def handle_delete_topics(ctx: RequestContext, req: Any) -> Any:
 
 
 async def handle_create_partitions(ctx: RequestContext, req: Any) -> Any:
-    topics = ctx.server.topics
+    topics = ctx.tenant.topics
     resp = ctx.response
     out = []
     for t in req.topics:

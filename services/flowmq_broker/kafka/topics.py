@@ -1,5 +1,6 @@
-"""Kafka topics = Streams of the default namespace (DESIGN.md §3): look-up from the router's
-in-memory catalog copy, and create / delete / grow through the catalog.
+"""Kafka topics = Streams of one namespace (DESIGN.md §3; one manager per tenant,
+``tenants.py``): look-up from the router's in-memory catalog copy, and create / delete /
+grow through the catalog.
 
 Every change is committed to the catalog first and then ``broker.metadata_changed()`` makes
 this broker route by it at once; other brokers follow through their catalog sync.

@@ -26,6 +26,7 @@ from flowmq_broker.mqtt.session import (
     session_enqueue,
 )
 from flowmq_broker.routing import DestinationUnavailable
+from flowmq_core.audit import audit_log
 from flowmq_core.errors import InvalidFilter
 from flowmq_core.limits import (
     MAX_CLIENT_ID_BYTES,
@@ -416,7 +417,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _refuse_connect(self, code: int, why: str, p: Connect) -> None:
         """CONNACK with a v5 refusal ``code`` (or its 3.1.1 return code), then close."""
-        log.info(
+        audit_log.info(
             "mqtt %s: CONNECT refused (0x%02X %s): %s; user name %r",
             self._peer(),
             code,

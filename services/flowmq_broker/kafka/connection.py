@@ -93,6 +93,8 @@ class KafkaConnection(asyncio.Protocol):
         self.client_address = "?"
         self.closing = False
         self.user: str | None = None
+        # What the client may do (flowmq_core.acl): anonymous until it authenticates.
+        self.access = server.services.authorizer.access(server.namespace, None)
         self.sasl: SaslExchange | None = None
         self.sasl_raw_next = False  # SaslHandshake v0: the next frames are bare tokens
         self._auth_timer: asyncio.TimerHandle | None = None
@@ -150,6 +152,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def authenticated(self, user: str) -> None:
         self.user = user
+        self.access = self.server.services.authorizer.access(self.server.namespace, user)
         self.sasl_raw_next = False
         self.splitter.max_frame = self.server.max_request_size
         if self._auth_timer is not None:

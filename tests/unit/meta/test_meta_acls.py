@@ -70,6 +70,10 @@ async def test_bulk_create_skips_existing(store):
     assert await acls.create_rules(store, rules[:10] + [rule(resource="x")]) == 1
     version, loaded = await acls.load_rules(store)
     assert len(loaded) == 51 and version == 4  # three chunks, then one more
+    ids = [r.id for r in loaded[:30]] + ["0" * 16]
+    assert await acls.delete_rules(store, ids, chunk=20) == 30
+    version, loaded = await acls.load_rules(store)
+    assert len(loaded) == 21 and version == 6
 
 
 async def test_refresh_reloads_only_when_the_rules_moved(store):

@@ -313,6 +313,7 @@ class MqttServer:
         """Make an offline session (restored or taken over) live here: bound, expiring."""
         for sub in session.subscriptions.values():
             self.bind(session, sub)
+        self.revoke_denied(session)  # the rules may have changed while no broker held it
         self.sessions[(session.namespace, session.client_id)] = session
         if session.expiry_interval not in (0, NEVER_EXPIRES):
             session.expiry_handle = asyncio.get_running_loop().call_later(

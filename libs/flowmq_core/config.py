@@ -42,6 +42,10 @@ class BrokerConfig:
     # (``allow_anonymous``) — when unset, only while ``bind`` is a loopback address.
     bind: str = "127.0.0.1"
     allow_anonymous: bool | None = None
+    # Authorization (docs/security.md "Authorization"): what a request no ACL rule matches
+    # gets, ``allow`` or ``deny``; unset (empty): ``allow`` while anonymous clients are
+    # allowed, else ``deny``.
+    acl_default: str = ""
     # Kafka's auto.create.topics.enable: Metadata/Produce for an unknown topic creates it.
     kafka_auto_create_topics: bool = True
     log_level: str = "info"
@@ -85,12 +89,16 @@ class BrokerConfig:
 
     def resolved(self) -> BrokerConfig:
         """A copy with the embedded defaults that depend on other keys filled in: the URLs
-        under ``data_dir``, and ``allow_anonymous`` from ``bind`` when it is not set."""
+        under ``data_dir``, ``allow_anonymous`` from ``bind`` when it is not set, and
+        ``acl_default`` from ``allow_anonymous``."""
         cfg = dataclasses.replace(self)
         if cfg.bind == "localhost":
             cfg.bind = "127.0.0.1"  # one address: asyncio would bind ::1 and 127.0.0.1 apart
         if cfg.allow_anonymous is None:
             cfg.allow_anonymous = is_loopback(cfg.bind)
+        cfg.acl_default = cfg.acl_default.strip().lower() or (
+            "allow" if cfg.allow_anonymous else "deny"
+        )
         data_dir = Path(cfg.data_dir).expanduser()
         if not cfg.meta:
             cfg.meta = f"sqlite:///{data_dir / 'meta.db'}"
@@ -113,6 +121,8 @@ class BrokerConfig:
             raise ConfigError(
                 f"log_level must be debug, info, warning or error; got {self.log_level}"
             )
+        if self.acl_default.strip().lower() not in ("", "allow", "deny"):
+            raise ConfigError(f"acl_default must be allow or deny; got {self.acl_default!r}")
         if self.bind != "localhost":
             try:
                 ipaddress.ip_address(self.bind)

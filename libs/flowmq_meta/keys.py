@@ -108,8 +108,13 @@ SESSIONS = Subspace(("session",))
 # (name,) -> user record (password hash, attributes).
 USERS = Subspace(("user",))
 
-# (name, ...) -> ACL rules of a user; the rest of the tuple orders the rules.
+# (rule id,) -> JSON rule {"id", "principal", "namespace", "resource", "action", "effect"}
+# (flowmq_meta.acls; the id is a hash of the rule's content, so a rule exists once).
 ACLS = Subspace(("acl",))
+
+# JSON {"version", "count"} of the ACL rules: bumped by every ACL change in the same
+# transaction, so a broker reloads its rules only when this moved (one small read).
+ACL_VERSION: bytes = fdbtuple.pack(("acl_version",))
 
 # (object key,) -> 8-byte reference count of a shared segment object (atomic add).
 OBJECT_REFS = Subspace(("obj_ref",))

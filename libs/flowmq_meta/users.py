@@ -1,7 +1,7 @@
 """Users of every protocol (MQTT user name/password, AMQP PLAIN, Kafka SASL PLAIN and SCRAM),
 kept in the meta store, and each broker's in-memory ``UserDirectory`` that checks logins.
 
-Record: ``USERS(name)`` -> JSON ``{"name", "namespace", "created_at_ms", "password":
+Record: ``USERS(name)`` -> JSON ``{"name", "namespace", "created_at_ms", "groups", "password":
 "scrypt$N$r$p$<salt>$<hash>", "scram": {"SCRAM-SHA-256": {"salt", "iterations",
 "stored_key", "server_key"}, "SCRAM-SHA-512": {...}}}`` (base64 values).  Records written
 before namespaces and SCRAM lack those keys: they read as namespace ``default`` and get SCRAM
@@ -221,6 +221,33 @@ async def set_user(
     return await _write_user(store, name, password, namespace, _UPSERT)
 
 
+MAX_GROUPS = 64
+"""Groups per user (ACL principals ``group:<name>``)."""
+
+
+async def set_groups(store: MetaStore, name: str, groups: list[str]) -> list[str]:
+    """Set the user's ``groups`` (ACL principals ``group:<name>``); ``NotFound`` if no such
+    user.  Returns the groups stored (deduplicated, in order)."""
+    unique = list(dict.fromkeys(groups))
+    if len(unique) > MAX_GROUPS:
+        raise InvalidName(f"a user belongs to at most {MAX_GROUPS} groups")
+    for group in unique:
+        validate_username(group)  # the same rules as a user name
+    key = keys.USERS.pack(name)
+
+    def txn(tr: Transaction) -> list[str]:
+        raw = tr.get(key)
+        if raw is None:
+            raise NotFound(f"user {name!r} does not exist")
+        record = json.loads(raw)
+        record["groups"] = unique
+        tr.set(key, json.dumps(record).encode())
+        record_change(tr, "user.updated", {"name": name})
+        return unique
+
+    return await store.transact(txn)
+
+
 async def delete_user(store: MetaStore, name: str) -> bool:
     def txn(tr: Transaction) -> bool:
         key = keys.USERS.pack(name)
@@ -320,6 +347,11 @@ class UserDirectory:
         """The user's namespace; ``None`` when no user has that name."""
         user = self._users.get(name)
         return None if user is None else user.get("namespace", DEFAULT_NAMESPACE)
+
+    def groups_of(self, name: str) -> tuple[str, ...]:
+        """The user's groups (ACL principals ``group:<name>``); none for an unknown user."""
+        user = self._users.get(name)
+        return () if user is None else tuple(user.get("groups", ()))
 
     def scram_credential(self, name: str, mechanism: str) -> ScramCredential | None:
         """The stored SCRAM credential (``None``: unknown user, or a record from before SCRAM;

@@ -90,6 +90,15 @@ _USERNAME = Param(
 )
 
 
+_ACL_NAMESPACE_QUERY = Param(
+    "namespace",
+    "query",
+    {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9_-]+$"},
+    description="Only the rules of this namespace (default: every namespace's).",
+)
+_ACL_ID = Param("id", "path", schemas.ACL_ID, required=True)
+
+
 def _destination_operations(
     plural: str, resource: h.DestinationResource, view: schemas.Schema
 ) -> list[Operation]:
@@ -215,6 +224,16 @@ def operations() -> list[Operation]:
                   params=(_USERNAME,), errors=(400, 401, 404, 413, 422)),
         Operation("DELETE", f"{API}/users/{{username}}", h.delete_user, "deleteUser",
                   "Delete a user", "Users", deleted, params=(_USERNAME,),
+                  errors=(400, 401, 404, 422)),
+        Operation("GET", f"{API}/acls", h.list_acls, "listAcls",
+                  "List ACL rules", "ACLs", {"type": "array", "items": schemas.ACL},
+                  params=(_ACL_NAMESPACE_QUERY,), errors=(400, 401, 422)),
+        Operation("POST", f"{API}/acls", h.create_acl, "createAcl",
+                  "Add an ACL rule (applied by every broker within about a second)", "ACLs",
+                  schemas.ACL, body=schemas.ACL_CREATE, status=201,
+                  errors=(400, 401, 404, 409, 413, 422)),
+        Operation("DELETE", f"{API}/acls/{{id}}", h.delete_acl, "deleteAcl",
+                  "Delete an ACL rule", "ACLs", deleted, params=(_ACL_ID,),
                   errors=(400, 401, 404, 422)),
         Operation("GET", f"{API}/subscriptions", h.list_subscriptions, "listSubscriptions",
                   "List Subscriptions (memory push consumers) on this broker", "Subscriptions",

@@ -15,10 +15,11 @@ from flowmq_admin import schemas
 from flowmq_admin.envelope import ApiError
 from flowmq_admin.operations import NAMESPACE_KEY
 from flowmq_admin.validation import read_json_body
+from flowmq_core.acl import Rule
 from flowmq_core.mapping import amqp_queue_filter, kafka_to_canonical
 from flowmq_core.message import Message
 from flowmq_core.topics import validate_topic
-from flowmq_meta import tokens, users
+from flowmq_meta import acls, tokens, users
 from flowmq_meta.catalog import (
     DEFAULT_NAMESPACE,
     QUEUE,
@@ -317,6 +318,32 @@ async def delete_user(request: web.Request, backend: AdminBackend) -> Any:
         raise ApiError("not_found", f"user {name!r} does not exist")
     await backend.metadata_changed()
     return {"deleted": name}
+
+
+# --- ACLs ----------------------------------------------------------------------------------------
+# Like users: committed with a change-log entry; ``metadata_changed`` applies the change here
+# at once (the rules reload), the other brokers follow by gossip or anti-entropy.
+async def list_acls(request: web.Request, backend: AdminBackend) -> Any:
+    namespace = namespace_of(request) if "namespace" in request.query else None
+    return await acls.list_rules(backend.catalog.store, namespace)
+
+
+async def create_acl(request: web.Request, backend: AdminBackend) -> Any:
+    body = await read_json_body(request, schemas.ACL_CREATE)
+    rule = Rule(
+        body["principal"], body["namespace"], body["resource"], body["action"], body["effect"]
+    )
+    created = await acls.create_rule(backend.catalog.store, rule)
+    await backend.metadata_changed()
+    return created
+
+
+async def delete_acl(request: web.Request, backend: AdminBackend) -> Any:
+    rule_id = request.match_info["id"]
+    if not await acls.delete_rule(backend.catalog.store, rule_id):
+        raise ApiError("not_found", f"no ACL rule has id {rule_id!r}")
+    await backend.metadata_changed()
+    return {"deleted": rule_id}
 
 
 # --- subscriptions, routes, cluster ----------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowmq_core.acl import ACTIONS, EFFECTS
 from flowmq_core.limits import MAX_TOPIC_BYTES
 
 Schema = dict[str, Any]
@@ -164,6 +165,39 @@ USER_UPDATE: Schema = {
     "additionalProperties": False,
 }
 
+ACL_ID: Schema = {
+    "type": "string",
+    "pattern": "^[0-9a-f]{16}$",
+    "description": "A rule's id: a hash of its content (16 hex digits).",
+}
+
+_ACL_FIELDS: dict[str, Schema] = {
+    "principal": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 255,
+        "description": "A user name, group:<name> (a user's groups) or * (anyone, anonymous "
+        "clients included).",
+    },
+    "namespace": {**NAMESPACE_CREATE["properties"]["name"], "description": "The tenant."},
+    "resource": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_TOPIC_BYTES,
+        "description": "A topic filter (MQTT syntax), stream:<name>, queue:<name>, "
+        "group:<kafka group> (a name ending in * is a prefix) or namespace (all of it).",
+    },
+    "action": {"type": "string", "enum": list(ACTIONS)},
+    "effect": {"type": "string", "enum": list(EFFECTS)},
+}
+
+ACL_CREATE: Schema = {
+    "type": "object",
+    "properties": _ACL_FIELDS,
+    "required": list(_ACL_FIELDS),
+    "additionalProperties": False,
+}
+
 # --- responses ---------------------------------------------------------------------------
 ERROR: Schema = {
     "type": "object",
@@ -243,6 +277,14 @@ USER: Schema = {
     "required": ["username", "namespace", "created_at_ms"],
     "additionalProperties": False,
     "description": "A user as the API shows it: never a password hash or credential.",
+}
+
+ACL: Schema = {
+    "type": "object",
+    "properties": {"id": ACL_ID, **{name: {"type": "string"} for name in _ACL_FIELDS}},
+    "required": ["id", *_ACL_FIELDS],
+    "additionalProperties": False,
+    "description": "An ACL rule (docs/security.md, Authorization).",
 }
 
 SUBSCRIPTION: Schema = {

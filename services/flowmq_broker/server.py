@@ -34,6 +34,7 @@ from flowmq_broker.tls import ServerTls, TlsError, server_tls
 from flowmq_cluster import ClusterSecret, Gossip, GossipConfig, Member, Status
 from flowmq_cluster.auth import check_bind
 from flowmq_commit.batcher import GroupCommitBatcher
+from flowmq_core.acl import Authorizer
 from flowmq_core.config import BrokerConfig, ConfigError, is_loopback
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
@@ -42,7 +43,7 @@ from flowmq_jobs.stream_maintenance import INTERVAL_S as STREAM_MAINTENANCE_INTE
 from flowmq_jobs.stream_maintenance import StreamMaintenance
 from flowmq_kas3.page_cache import PageCache
 from flowmq_kas3.store import StreamStore
-from flowmq_meta import open_meta_store
+from flowmq_meta import acls, open_meta_store
 from flowmq_meta.api import MetaError, MetaStore
 from flowmq_meta.catalog import Catalog, Destination
 from flowmq_meta.tokens import TokenDirectory
@@ -147,6 +148,7 @@ class Broker(OperationsBackend):
         # Built in ``start`` with its cluster forwarder, once the node id is known.
         self.router: Router
         self.services: BrokerServices
+        self.authorizer: Authorizer
         self.catalog: Catalog | None = None
         self.sync: CatalogSync | None = None
         self.nodes_registry: NodeRegistry | None = None
@@ -239,6 +241,13 @@ class Broker(OperationsBackend):
             )
         return nodes
 
+    async def _refresh_acls(self) -> None:
+        """After a metadata change: reload the ACL rules if they moved, and re-resolve the
+        users whose groups did."""
+        assert self.meta is not None
+        await acls.refresh(self.meta, self.authorizer)
+        self.authorizer.groups_changed()
+
     async def metadata_changed(self) -> None:
         """A change was committed through this broker: apply it, then tell the cluster."""
         assert self.sync is not None
@@ -325,11 +334,21 @@ class Broker(OperationsBackend):
             cfg.bind,
             _anonymous_mode(self._configured_anonymous, cfg.bind),
         )
+        self.authorizer = Authorizer(
+            default_allow=cfg.acl_default == "allow", groups_of=self.users.groups_of
+        )
         self.sync = CatalogSync(self.catalog, self.router)
         self.sync.on_change.append(self.users.refresh)
         self.sync.on_change.append(self.tokens.refresh)
+        self.sync.on_change.append(self._refresh_acls)  # after the users: their groups
         await self.sync.refresh()
         self.sync.start()
+        log.info(
+            "authorization: %d ACL rules; what no rule matches is %s (acl_default %s)",
+            len(self.authorizer.rules),
+            "allowed" if self.authorizer.default_allow else "denied",
+            cfg.acl_default,
+        )
 
         self.admin_token, self.token_generated = load_or_create_token(
             cfg.admin_token, self.data_dir
@@ -362,6 +381,7 @@ class Broker(OperationsBackend):
             streams=self.streams,
             queues=self.queues,
             users=self.users,
+            authorizer=self.authorizer,
             cluster=self.cluster,
             nodes=self.nodes,
             metadata_changed=self.metadata_changed,

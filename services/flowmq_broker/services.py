@@ -13,6 +13,7 @@ from typing import Any
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.queues import QueueService
 from flowmq_broker.routing import CatalogSync, Router
+from flowmq_core.acl import Authorizer
 from flowmq_core.config import BrokerConfig
 from flowmq_kas3.store import StreamStore
 from flowmq_meta.api import MetaStore
@@ -34,6 +35,9 @@ class BrokerServices:
     streams: StreamStore
     queues: QueueService
     users: UserDirectory
+    # Authorization (flowmq_core.acl): each connection takes ``authorizer.access(namespace,
+    # user)`` once it knows both, and asks it; the rules reload on every ACL change.
+    authorizer: Authorizer
     cluster: ClusterRouting
     # The node table with liveness from gossip (the cluster nodes API's rows).
     nodes: Callable[[], Awaitable[list[dict[str, Any]]]]

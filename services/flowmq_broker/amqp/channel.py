@@ -30,6 +30,7 @@ from flowmq_broker.amqp.link import Link
 from flowmq_broker.amqp.state import AmqpState
 from flowmq_broker.amqp.topology import Topology
 from flowmq_broker.routing import DestinationUnavailable
+from flowmq_core.acl import CONSUME, QUEUE
 from flowmq_core.errors import FlowMQError
 from flowmq_queue.errors import QueueFull
 from flowmq_wire.amqp import constants as rc
@@ -188,13 +189,23 @@ class Channel:
             raise ChannelError(
                 rc.ACCESS_REFUSED, f"cannot publish to internal exchange '{content.exchange}'"
             )
+        topic = self.shared.publish_topic(content.exchange, content.routing_key, exchange.type)
+        if topic is not None:
+            allowed = conn.access.publish.get(topic)
+            if allowed is None:
+                allowed = conn.access.may_publish(topic)
+            if not allowed:  # as RabbitMQ: the channel is closed with 403
+                raise ChannelError(
+                    rc.ACCESS_REFUSED,
+                    f"publish to topic '{topic}' (exchange "
+                    f"'{content.exchange}', routing key '{content.routing_key}') refused",
+                )
         self._in_count.inc()
         self._in_bytes.inc(len(body))
         seq = 0
         if self.confirm:
             self.publish_seq += 1
             seq = self.publish_seq
-        topic = self.shared.publish_topic(content.exchange, content.routing_key, exchange.type)
         assert content.props is not None
         pending: list[Awaitable[Any]] = []
         routed = False
@@ -460,8 +471,13 @@ class Channel:
         self.consumers.prefetch = m.prefetch_count
         self.reply(commands.Basic.QosOk())
 
+    def _check_consume(self, name: str) -> None:
+        if not self.conn.access.allowed(CONSUME, QUEUE, name):
+            raise ChannelError(rc.ACCESS_REFUSED, f"consume from queue '{name}' refused")
+
     def on_basic_consume(self, m: commands.Basic.Consume) -> None:
         name = self._queue_name(m.queue)
+        self._check_consume(name)
         self.consumers.consume(name, self.topology.lookup(name), m)
 
     def on_basic_cancel(self, m: commands.Basic.Cancel) -> None:
@@ -471,6 +487,7 @@ class Channel:
 
     async def on_basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
+        self._check_consume(name)
         await self.consumers.get(name, self.topology.lookup(name), m)
 
     def on_basic_recover(self, m: commands.Basic.Recover) -> None:

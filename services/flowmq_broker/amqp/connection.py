@@ -68,6 +68,8 @@ class AmqpConnection(asyncio.Protocol):
         self.vhost = "/"
         self.username: str | None = None
         self.user_namespace: str | None = None  # a user's: the only one it may open
+        # What it may do (flowmq_core.acl); the namespace's view once Connection.Open is done.
+        self.access = shared.services.authorizer.access(DEFAULT_NAMESPACE, None)
         self.peer = ""
         self.tasks: set[asyncio.Task[Any]] = set()
         # Memory queues this connection declared: exclusive ones go with it, auto-delete ones
@@ -421,6 +423,17 @@ class AmqpConnection(asyncio.Protocol):
             return
         if self.state != "opening":
             return
+        access = self.shared.services.authorizer.access(namespace, self.username)
+        if not access.may_access():
+            who = self.username if self.username is not None else "anonymous"
+            self.fail(
+                rc.ACCESS_REFUSED,
+                f"ACCESS_REFUSED - access to vhost '{vhost}' refused for user '{who}'",
+                m.index,
+            )
+            self.flush()
+            return
+        self.access = access
         self.vhost = vhost
         self.namespace = namespace
         self.state = "opened"

@@ -12,12 +12,15 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from flowmq_broker.amqp.memqueue import MemoryQueue
+from flowmq_core.acl import Access
 
 
 class Link(Protocol):
     # After Connection.Open: the virtual host asked for and the namespace it names.
     namespace: str
     vhost: str
+    # What the client may do there (flowmq_core.acl), from Connection.Open on.
+    access: Access
     frame_max: int
     # The transport's write buffer is over its high-water mark: deliveries wait.
     paused_writing: bool

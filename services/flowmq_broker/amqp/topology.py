@@ -24,6 +24,8 @@ from flowmq_broker.amqp.link import Link
 from flowmq_broker.amqp.memqueue import MemoryQueue
 from flowmq_broker.amqp.state import AmqpState
 from flowmq_broker.routing import Binding
+from flowmq_core.acl import CONSUME, CREATE, DELETE, NAMESPACE
+from flowmq_core.acl import QUEUE as QUEUE_RESOURCE
 from flowmq_core.errors import (
     AlreadyExists,
     FlowMQError,
@@ -42,6 +44,11 @@ from flowmq_meta.catalog import (
 from flowmq_wire.amqp import constants as rc
 
 _MIB = 1024 * 1024
+
+
+def _refused(what: str) -> ChannelError:
+    """Authorization (flowmq_core.acl): 403 ACCESS_REFUSED closes the channel, as RabbitMQ."""
+    return ChannelError(rc.ACCESS_REFUSED, f"{what} refused by the ACLs")
 
 
 class Topology:
@@ -83,6 +90,8 @@ class Topology:
                         rc.ACCESS_REFUSED,
                         f"exchange name '{name}' contains reserved prefix 'amq.'",
                     )
+                if not self.conn.access.allowed(CREATE, NAMESPACE):
+                    raise _refused(f"declaring exchange '{name}'")
                 if m.exchange_type not in SUPPORTED_TYPES:
                     raise ConnectionError_(
                         rc.NOT_IMPLEMENTED,
@@ -119,6 +128,8 @@ class Topology:
                 rc.ACCESS_REFUSED, f"operation not permitted on exchange '{name or 'default'}'"
             )
         if existing is not None:
+            if not self.conn.access.allowed(DELETE, NAMESPACE):
+                raise _refused(f"deleting exchange '{name}'")
             await self.shared.exchanges.delete(ns, name)
 
     # Queue -----------------------------------------------------------------------------
@@ -160,6 +171,16 @@ class Topology:
                 f"queue name '{name}' contains reserved prefix 'amq.'",
             )
         q = self.shared.memqueues.get(ns, name)
+        # Only creating needs ``create``: redeclaring an existing queue changes nothing (one
+        # created through another broker and not applied here yet is found in the catalog).
+        if (
+            q is None
+            and not m.passive
+            and not conn.access.allowed(CREATE, QUEUE_RESOURCE, name)
+            and self.shared.router.destination(Binding(QUEUE, ns, name)) is None
+            and not await self._stored_queue(ns, name)
+        ):
+            raise _refused(f"declaring queue '{name}'")
         if q is not None:
             self.check_exclusive(q)
             if not m.passive and not memory:
@@ -226,6 +247,13 @@ class Topology:
         ready = await engine.ready_count(ns, name)
         return name, ready, engine.consumer_count(ns, name)
 
+    async def _stored_queue(self, ns: str, name: str) -> bool:
+        try:
+            await self.shared.catalog.get_destination(ns, name, QUEUE)
+        except NotFound:
+            return False
+        return True
+
     def _queue_options(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         """Queue destination options from x-arguments (RabbitMQ's names where they exist)."""
         options = dict(QUEUE_DEFAULT_OPTIONS)
@@ -288,6 +316,10 @@ class Topology:
             topic_filter = amqp_binding_filter(exchange.name, m.routing_key, exchange.type)
         except (InvalidName, InvalidFilter) as exc:
             raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
+        # The queue will receive every topic of the binding: all of them must be readable.
+        if not self.conn.access.may_subscribe(topic_filter):
+            verb = "binding" if bind else "unbinding"
+            raise _refused(f"{verb} queue '{name}' to topic filter '{topic_filter}'")
         if isinstance(target, MemoryQueue):
             if bind:
                 self.shared.memqueues.bind(target, topic_filter)
@@ -309,6 +341,8 @@ class Topology:
     async def purge(self, name: str) -> int:
         """Drop the ready messages of queue ``name``; returns how many."""
         target = self.lookup(name)
+        if not self.conn.access.allowed(CONSUME, QUEUE_RESOURCE, name):  # RabbitMQ: read
+            raise _refused(f"purging queue '{name}'")
         if isinstance(target, MemoryQueue):
             return target.purge()
         return await self.shared.queues.engine.purge(self.conn.namespace, name)
@@ -322,6 +356,8 @@ class Topology:
             if exc.code != rc.NOT_FOUND:
                 raise
             return 0  # RabbitMQ: deleting a missing queue succeeds
+        if not self.conn.access.allowed(DELETE, QUEUE_RESOURCE, name):
+            raise _refused(f"deleting queue '{name}'")
         if isinstance(target, MemoryQueue):
             if m.if_unused and target.consumers:
                 raise ChannelError(rc.PRECONDITION_FAILED, f"queue '{name}' in use")

@@ -97,6 +97,8 @@ class KafkaConnection(asyncio.Protocol):
         self.user: str | None = None
         # The namespace the connection sees: default until a user authenticates.
         self.tenant: KafkaTenant = server.tenants.default
+        # What the client may do (flowmq_core.acl): anonymous until it authenticates.
+        self.access = server.services.authorizer.access(self.tenant.namespace, None)
         self.sasl: SaslExchange | None = None
         self.sasl_raw_next = False  # SaslHandshake v0: the next frames are bare tokens
         self._auth_timer: asyncio.TimerHandle | None = None
@@ -166,6 +168,7 @@ class KafkaConnection(asyncio.Protocol):
             tenants.attach(tenant)
             tenants.detach(self.tenant)
             self.tenant = tenant
+        self.access = self.server.services.authorizer.access(namespace, user)
         self.sasl_raw_next = False
         self.splitter.max_frame = self.server.max_request_size
         if self._auth_timer is not None:

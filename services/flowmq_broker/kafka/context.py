@@ -30,6 +30,7 @@ from flowmq_broker.kafka.idempotence import ProducerStates
 from flowmq_broker.kafka.sasl_exchange import SaslExchange
 from flowmq_broker.kafka.tenants import KafkaTenant, Tenants
 from flowmq_broker.services import BrokerServices
+from flowmq_core.acl import Access
 from flowmq_meta.group_offsets import GroupOffsetStore
 from flowmq_wire.kafka import RequestHeader, response_class
 
@@ -65,6 +66,7 @@ class ConnectionState(Protocol):
     client_address: str  # the client's IP address (failed logins are counted against it)
     user: str | None  # once authenticated
     tenant: KafkaTenant  # the user's namespace (``default`` until authenticated)
+    access: Access  # what it may do (flowmq_core.acl): the user's, or anonymous
     sasl: SaslExchange | None  # from SaslHandshake on
     sasl_raw_next: bool  # SaslHandshake v0: the next frames are bare tokens
     fetching: bool

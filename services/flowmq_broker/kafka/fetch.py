@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import flowmq_metrics as metrics
 from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.topics import partition_count
+from flowmq_core.acl import CONSUME, DESCRIBE, STREAM
 from flowmq_kas3.errors import OffsetOutOfRange
 from flowmq_kas3.records import iter_batches
 from flowmq_kas3.store import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, FetchResult
@@ -43,14 +44,19 @@ class _Got(NamedTuple):
 
 def _wants(ctx: RequestContext, req: Any) -> list[_Want]:
     topics = ctx.tenant.topics
+    access = ctx.conn.access
     wants = []
     for t in req.topics:
         dest = topics.get(t.topic)
         count = partition_count(dest) if dest is not None else 0
+        authorized = access.allowed(CONSUME, STREAM, t.topic)
         for p in t.partitions:
-            error = (
-                ErrorCode.NONE if 0 <= p.partition < count else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-            )
+            if not authorized:
+                error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            elif 0 <= p.partition < count:
+                error = ErrorCode.NONE
+            else:
+                error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             wants.append(_Want(t.topic, p.partition, p.fetch_offset, p.partition_max_bytes, error))
     return wants
 
@@ -154,6 +160,8 @@ async def _offset_for(
     ctx: RequestContext, topic: str, partition: int, timestamp: int
 ) -> tuple[int, int, int]:
     """(error, timestamp, offset) as ListOffsets answers them."""
+    if not ctx.conn.access.allowed(DESCRIBE, STREAM, topic):
+        return ErrorCode.TOPIC_AUTHORIZATION_FAILED, -1, -1
     dest = ctx.tenant.topics.get(topic)
     if dest is None or not 0 <= partition < partition_count(dest):
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1

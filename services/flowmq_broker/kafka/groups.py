@@ -10,6 +10,7 @@ from typing import Any
 
 from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.coordinator import GroupState, JoinResult, SyncResult
+from flowmq_core.acl import CONSUME, DELETE, DESCRIBE, GROUP, NAMESPACE
 from flowmq_wire.kafka import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ def handle_join_group(ctx: RequestContext, req: Any) -> Any:
             ],
         )
 
+    if not ctx.conn.access.allowed(CONSUME, GROUP, req.group_id):
+        return build(JoinResult(ErrorCode.GROUP_AUTHORIZATION_FAILED))
     if not ctx.server.owns_group(req.group_id):
         return build(JoinResult(ErrorCode.NOT_COORDINATOR))
     result = ctx.tenant.coordinator.join(
@@ -92,6 +95,8 @@ def handle_sync_group(ctx: RequestContext, req: Any) -> Any:
             assignment=r.assignment,
         )
 
+    if not ctx.conn.access.allowed(CONSUME, GROUP, req.group_id):
+        return build(SyncResult(ErrorCode.GROUP_AUTHORIZATION_FAILED))
     if not ctx.server.owns_group(req.group_id):
         return build(SyncResult(ErrorCode.NOT_COORDINATOR))
     result = ctx.tenant.coordinator.sync(
@@ -106,7 +111,9 @@ def handle_sync_group(ctx: RequestContext, req: Any) -> Any:
 
 
 def handle_heartbeat(ctx: RequestContext, req: Any) -> Any:
-    if not ctx.server.owns_group(req.group_id):
+    if not ctx.conn.access.allowed(CONSUME, GROUP, req.group_id):
+        code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    elif not ctx.server.owns_group(req.group_id):
         code = ErrorCode.NOT_COORDINATOR
     else:
         code = ctx.tenant.coordinator.heartbeat(req.group_id, req.generation_id, req.member_id)
@@ -119,6 +126,8 @@ def handle_leave_group(ctx: RequestContext, req: Any) -> Any:
         identities = [(m.member_id, m.group_instance_id) for m in req.members]
     else:
         identities = [(req.member_id, None)]
+    if not ctx.conn.access.allowed(CONSUME, GROUP, req.group_id):
+        return resp(throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, members=[])
     if not ctx.server.owns_group(req.group_id):
         return resp(throttle_time_ms=0, error_code=ErrorCode.NOT_COORDINATOR, members=[])
     codes = ctx.tenant.coordinator.leave(req.group_id, [m for m, _ in identities])
@@ -139,11 +148,17 @@ def handle_describe_groups(ctx: RequestContext, req: Any) -> Any:
     group_cls = resp.DescribedGroup
     member_cls = group_cls.DescribedGroupMember
     out = []
+    access = ctx.conn.access
     for group_id in req.groups:
-        if not ctx.server.owns_group(group_id):
+        refused = None
+        if not access.allowed(DESCRIBE, GROUP, group_id):
+            refused = ErrorCode.GROUP_AUTHORIZATION_FAILED
+        elif not ctx.server.owns_group(group_id):
+            refused = ErrorCode.NOT_COORDINATOR
+        if refused is not None:
             out.append(
                 group_cls(
-                    error_code=ErrorCode.NOT_COORDINATOR,
+                    error_code=refused,
                     group_id=group_id,
                     group_state="",
                     protocol_type="",
@@ -208,6 +223,9 @@ async def handle_list_groups(ctx: RequestContext, req: Any) -> Any:
     for group_id in stored:
         if group_id not in listed and server.owns_group(group_id):
             listed[group_id] = ("consumer", GroupState.EMPTY.value)
+    access = ctx.conn.access
+    if not access.allowed(DESCRIBE, NAMESPACE):  # as Kafka: only the groups it may describe
+        listed = {g: v for g, v in listed.items() if access.allowed(DESCRIBE, GROUP, g)}
     wanted = set(req.states_filter or ()) if ctx.version >= 4 else set()
     return resp(
         throttle_time_ms=0,
@@ -229,7 +247,9 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> Any:
     results = []
     stored: set[str] | None = None  # groups with offsets: read once, on first need
     for group_id in req.groups_names:
-        if not server.owns_group(group_id):
+        if not ctx.conn.access.allowed(DELETE, GROUP, group_id):
+            code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+        elif not server.owns_group(group_id):
             code = ErrorCode.NOT_COORDINATOR
         else:
             group = ctx.tenant.coordinator.describe(group_id)

@@ -7,6 +7,7 @@ from typing import Any
 from flowmq_broker.kafka.cluster import KafkaNode
 from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.topics import TopicError, partition_count
+from flowmq_core.acl import CREATE, DESCRIBE, GROUP, NAMESPACE, STREAM
 from flowmq_meta.catalog import DEFAULT_STREAM_RETENTION_MS, Destination
 from flowmq_wire.kafka import ErrorCode
 
@@ -56,16 +57,29 @@ def handle_metadata(ctx: RequestContext, req: Any) -> Any:
             if name is not None:
                 names.append(name)
     allow = ctx.version < 4 or bool(req.allow_auto_topic_creation)
+    errors: dict[str, TopicError] = {}
     if names and allow and topics.auto_create:
-        missing = [n for n in names if topics.get(n) is None and topics.name_error(n) is None]
+        access = ctx.conn.access
+        missing = []
+        for n in names:
+            if topics.get(n) is not None or topics.name_error(n) is not None:
+                continue
+            if access.allowed(CREATE, STREAM, n):
+                missing.append(n)
+            else:  # as Kafka: auto-creation not authorized
+                errors[n] = TopicError(
+                    ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"not authorized to create {n!r}"
+                )
         if missing:
-            return _metadata_after_create(ctx, names, missing)
-    return _metadata_response(ctx, names, {})
+            return _metadata_after_create(ctx, names, missing, errors)
+    return _metadata_response(ctx, names, errors)
 
 
-async def _metadata_after_create(ctx: RequestContext, names: list[str], missing: list[str]) -> Any:
+async def _metadata_after_create(
+    ctx: RequestContext, names: list[str], missing: list[str], errors: dict[str, TopicError]
+) -> Any:
     results = await ctx.tenant.topics.ensure(missing)
-    errors = {n: r for n, r in results.items() if isinstance(r, TopicError)}
+    errors.update((n, r) for n, r in results.items() if isinstance(r, TopicError))
     return _metadata_response(ctx, names, errors)
 
 
@@ -80,13 +94,25 @@ def _metadata_response(
         resp.MetadataResponseBroker(node_id=n.id, host=_host(ctx, n), port=_port(ctx, n), rack=None)
         for n in cluster.nodes
     ]
+    access = ctx.conn.access
     dests: list[tuple[str, Destination | None]]
-    if names is None:
-        dests = [(d.name, d) for d in topics.all()]
+    if names is None:  # every topic the client may describe; the others are not shown
+        dests = [(d.name, d) for d in topics.all() if access.allowed(DESCRIBE, STREAM, d.name)]
     else:
         dests = [(n, topics.get(n)) for n in dict.fromkeys(names)]
     out = []
     for name, dest in dests:
+        if names is not None and not access.allowed(DESCRIBE, STREAM, name):
+            out.append(
+                resp.MetadataResponseTopic(
+                    error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                    name=name,
+                    is_internal=False,
+                    partitions=[],
+                    authorized_operations=_OPS_OMITTED,
+                )
+            )
+            continue
         if dest is None:
             error = errors.get(name) or topics.name_error(name)
             code = error.code if error is not None else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -142,9 +168,13 @@ def handle_find_coordinator(ctx: RequestContext, req: Any) -> Any:
     cluster = ctx.server.cluster
     key_type = req.key_type if ctx.version >= 1 else GROUP_KEY_TYPE
 
+    access = ctx.conn.access
+
     def locate(key: str) -> tuple[int, str | None, KafkaNode | None]:
         if key_type != GROUP_KEY_TYPE:
             return ErrorCode.INVALID_REQUEST, "transactions are not supported by FlowMQ", None
+        if not access.allowed(DESCRIBE, GROUP, key):
+            return ErrorCode.GROUP_AUTHORIZATION_FAILED, f"not authorized on group {key!r}", None
         return ErrorCode.NONE, None, cluster.coordinator(key)
 
     if ctx.version >= 4:
@@ -176,6 +206,17 @@ def handle_find_coordinator(ctx: RequestContext, req: Any) -> Any:
 def handle_describe_cluster(ctx: RequestContext, req: Any) -> Any:
     resp = ctx.response
     cluster = ctx.server.cluster
+    if not ctx.conn.access.allowed(DESCRIBE, NAMESPACE):
+        return resp(
+            throttle_time_ms=0,
+            error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            error_message="not authorized to describe the cluster",
+            endpoint_type=1,
+            cluster_id=CLUSTER_ID,
+            controller_id=-1,
+            brokers=[],
+            authorized_operations=_OPS_OMITTED,
+        )
     return resp(
         throttle_time_ms=0,
         error_code=ErrorCode.NONE,
@@ -255,9 +296,15 @@ def handle_describe_configs(ctx: RequestContext, req: Any) -> Any:
     for res in req.resources:
         error, message = ErrorCode.NONE, None
         entries: list[tuple[str, str, int, int, bool]] = []
+        access = ctx.conn.access
         if res.resource_type == RESOURCE_TOPIC:
             dest = ctx.tenant.topics.get(res.resource_name)
-            if dest is None:
+            if not access.allowed(DESCRIBE, STREAM, res.resource_name):
+                error, message = (
+                    ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                    f"not authorized to describe topic {res.resource_name!r}",
+                )
+            elif dest is None:
                 error, message = (
                     ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                     f"topic {res.resource_name!r} does not exist",
@@ -265,7 +312,13 @@ def handle_describe_configs(ctx: RequestContext, req: Any) -> Any:
             else:
                 entries = _topic_configs(dest)
         elif res.resource_type == RESOURCE_BROKER:
-            entries = _broker_configs(ctx)
+            if access.allowed(DESCRIBE, NAMESPACE):
+                entries = _broker_configs(ctx)
+            else:
+                error, message = (
+                    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                    "not authorized to describe the broker's configs",
+                )
         else:
             error, message = (
                 ErrorCode.INVALID_REQUEST,

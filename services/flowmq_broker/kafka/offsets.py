@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.coordinator import valid_group_id
 from flowmq_broker.kafka.topics import partition_count
+from flowmq_core.acl import CONSUME, DESCRIBE, GROUP, STREAM
 from flowmq_core.message import now_ms
 from flowmq_meta.group_offsets import CommittedOffset
 from flowmq_wire.kafka import ErrorCode
@@ -29,7 +30,10 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
     resp = ctx.response
     topic_cls = resp.OffsetCommitResponseTopic
     part_cls = topic_cls.OffsetCommitResponsePartition
-    if not server.owns_group(req.group_id):
+    access = ctx.conn.access
+    if not access.allowed(CONSUME, GROUP, req.group_id):
+        group_error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    elif not server.owns_group(req.group_id):
         group_error = ErrorCode.NOT_COORDINATOR
     elif not valid_group_id(req.group_id):
         group_error = ErrorCode.INVALID_GROUP_ID
@@ -43,11 +47,14 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
     for t in req.topics:
         dest = ctx.tenant.topics.get(t.name)
         count = partition_count(dest) if dest is not None else 0
+        topic_allowed = access.allowed(CONSUME, STREAM, t.name)
         codes = []
         for p in t.partitions:
             code = group_error
             if not code:
-                if not 0 <= p.partition_index < count:
+                if not topic_allowed:
+                    code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                elif not 0 <= p.partition_index < count:
                     code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 elif (
                     p.committed_metadata is not None
@@ -93,6 +100,9 @@ async def _group_offsets(
     ctx: RequestContext, group_id: str, topics: list[tuple[str, list[int]]] | None
 ) -> tuple[int, list[tuple[str, list[tuple[int, CommittedOffset | None]]]]]:
     server = ctx.server
+    access = ctx.conn.access
+    if not access.allowed(DESCRIBE, GROUP, group_id):
+        return ErrorCode.GROUP_AUTHORIZATION_FAILED, []
     if not server.owns_group(group_id):
         return ErrorCode.NOT_COORDINATOR, []
     wanted = None if topics is None else [(name, p) for name, parts in topics for p in parts]
@@ -101,13 +111,21 @@ async def _group_offsets(
     except Exception as exc:
         log.warning("kafka: cannot read the offsets of group %s: %s", group_id, exc)
         return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
-    if topics is None:
+    if topics is None:  # as Kafka: the topics it may not describe are left out
         by_topic: dict[str, list[tuple[int, CommittedOffset | None]]] = {}
         for (stream, partition), committed in sorted(found.items()):
-            by_topic.setdefault(stream, []).append((partition, committed))
+            if access.allowed(DESCRIBE, STREAM, stream):
+                by_topic.setdefault(stream, []).append((partition, committed))
         return ErrorCode.NONE, list(by_topic.items())
     return ErrorCode.NONE, [
-        (name, [(p, found.get((name, p))) for p in parts]) for name, parts in topics
+        (
+            name,
+            [
+                (p, found.get((name, p)) if access.allowed(DESCRIBE, STREAM, name) else _REFUSED)
+                for p in parts
+            ],
+        )
+        for name, parts in topics
     ]
 
 
@@ -156,7 +174,14 @@ def _topics(
     ]
 
 
+# A requested topic the client may not describe: TOPIC_AUTHORIZATION_FAILED for its partitions.
+_REFUSED = CommittedOffset(-1, None, -1, -1)
+
+
 def _partition(cls: Any, partition: int, committed: CommittedOffset | None, error: int = 0) -> Any:
+    if committed is _REFUSED:
+        error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        committed = None
     if committed is None:
         return cls(
             partition_index=partition,

@@ -23,6 +23,8 @@ from flowmq_broker.kafka.idempotence import ProducerBatch, StateKey, Verdict, pr
 from flowmq_broker.kafka.topics import TopicError, partition_count
 from flowmq_broker.routing import Binding
 from flowmq_commit.errors import CommitError
+from flowmq_core.acl import CREATE, PRODUCE
+from flowmq_core.acl import STREAM as STREAM_RESOURCE
 from flowmq_core.errors import FlowMQError
 from flowmq_core.mapping import kafka_to_canonical
 from flowmq_core.message import Message
@@ -88,19 +90,32 @@ def _validate(records: bytes) -> BatchesSummary:
 
 
 def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]], list[str]]:
-    """Parts per topic, and the topics to create first."""
+    """Parts per topic, and the topics to create first.  Authorization: ``produce`` on the
+    stream (TOPIC_AUTHORIZATION_FAILED), and ``create`` to have a missing one auto-created."""
     topics = ctx.tenant.topics
     ns = ctx.tenant.namespace
+    access = ctx.conn.access
     plan: list[tuple[str, list[_Part]]] = []
     missing: list[str] = []
     for t in req.topic_data:
         name = t.name
-        dest = topics.get(name)
         parts = [_Part(pd.index, pd.records) for pd in t.partition_data]
         plan.append((name, parts))
+        if not access.allowed(PRODUCE, STREAM_RESOURCE, name):
+            for part in parts:
+                part.fail(
+                    ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                    f"not authorized to produce to topic {name!r}",
+                )
+            continue
+        dest = topics.get(name)
         if dest is None:
             error = topics.name_error(name)
-            if error is None and topics.auto_create:
+            if (
+                error is None
+                and topics.auto_create
+                and access.allowed(CREATE, STREAM_RESOURCE, name)
+            ):
                 missing.append(name)
                 continue
             for part in parts:
@@ -426,6 +441,14 @@ def handle_init_producer_id(ctx: RequestContext, req: Any) -> Any:
         return resp(
             throttle_time_ms=0,
             error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
+    if not ctx.conn.access.may_any(PRODUCE, STREAM_RESOURCE):
+        # Kafka (KIP-679): an idempotent producer needs WRITE on some topic.
+        return resp(
+            throttle_time_ms=0,
+            error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
             producer_id=-1,
             producer_epoch=-1,
         )

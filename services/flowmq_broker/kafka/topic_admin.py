@@ -8,6 +8,7 @@ from typing import Any
 
 from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.topics import TopicError, partition_count
+from flowmq_core.acl import ADMIN, CREATE, DELETE, STREAM
 from flowmq_wire.kafka import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,13 @@ async def handle_create_topics(ctx: RequestContext, req: Any) -> Any:
     for t in req.topics:
         seen[t.name] = seen.get(t.name, 0) + 1
     jobs = []
+    access = ctx.conn.access
     for t in req.topics:
-        if seen[t.name] > 1:
+        if not access.allowed(CREATE, STREAM, t.name):
+            jobs.append(
+                _fail(ErrorCode.TOPIC_AUTHORIZATION_FAILED, f"not authorized to create {t.name!r}")
+            )
+        elif seen[t.name] > 1:
             jobs.append(_fail(ErrorCode.INVALID_REQUEST, f"topic {t.name!r} is listed twice"))
         elif t.assignments:
             jobs.append(
@@ -87,6 +93,11 @@ async def handle_delete_topics(ctx: RequestContext, req: Any) -> Any:
     for name, tid in wanted:
         if name is None:
             code, message = ErrorCode.UNKNOWN_TOPIC_ID, "no topic has this id"
+        elif not ctx.conn.access.allowed(DELETE, STREAM, name):
+            code, message = (
+                ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                f"not authorized to delete {name!r}",
+            )
         else:
             code, message, _ = await _outcome(topics.delete(name))
         out.append(
@@ -102,7 +113,12 @@ async def handle_create_partitions(ctx: RequestContext, req: Any) -> Any:
     resp = ctx.response
     out = []
     for t in req.topics:
-        if t.assignments:
+        if not ctx.conn.access.allowed(ADMIN, STREAM, t.name):  # Kafka's ALTER on the topic
+            code, message = (
+                ErrorCode.TOPIC_AUTHORIZATION_FAILED,
+                f"not authorized to alter {t.name!r}",
+            )
+        elif t.assignments:
             code, message = ErrorCode.INVALID_REQUEST, "manual replica assignment is not supported"
         else:
             code, message, _ = await _outcome(

@@ -26,6 +26,7 @@ from flowmq_broker.mqtt.session import (
     session_enqueue,
 )
 from flowmq_broker.routing import DestinationUnavailable
+from flowmq_core.acl import Access
 from flowmq_core.audit import audit_log
 from flowmq_core.errors import InvalidFilter
 from flowmq_core.limits import (
@@ -94,6 +95,10 @@ class MqttConnection(asyncio.Protocol):
         # The user its TLS client certificate names (tls_cert_as_username): logs in as that
         # user without a password, whatever CONNECT says.
         self.peer_username: str | None = None
+        # What the client may do (flowmq_core.acl), from CONNECT on; ``acl_publish`` is its
+        # topic -> may-publish cache: one dict lookup per PUBLISH once a topic was decided.
+        self.access: Access | None = None
+        self.acl_publish: dict[str, bool] = {}
         self.closing = False
         self.will: Any = None
         self.keep_alive = 0
@@ -287,8 +292,8 @@ class MqttConnection(asyncio.Protocol):
     def _schedule_will(self, session: Session) -> None:
         will, namespace, client_id = self.will, self.namespace, self.client_id
         self.will = None
-        if not self.server.authorizer.allow(client_id, self.username, "publish", will.topic):
-            return
+        if self.access is None or not self.access.may_publish(will.topic):
+            return  # the client may no longer publish there (the ACLs changed since CONNECT)
         delay = will.properties.get("will_delay_interval", 0) if self.level == 5 else 0
 
         def publish_will() -> None:
@@ -473,6 +478,17 @@ class MqttConnection(asyncio.Protocol):
                 self.send(Connack(False, rc.TOPIC_NAME_INVALID))
             self.close()
             return
+        username = self.peer_username or p.username or None
+        access = self.server.authorizer.access(self.namespace, username)
+        if not access.may_access():
+            self._refuse_connect(rc.NOT_AUTHORIZED, "the ACLs give no access", p)
+            return
+        if p.will is not None and not access.may_publish(p.will.topic):
+            # As Mosquitto: a will the client may not publish refuses the CONNECT.
+            self._refuse_connect(rc.NOT_AUTHORIZED, f"will topic {p.will.topic[:100]!r}", p)
+            return
+        self.access = access
+        self.acl_publish = access.publish
         client_id = p.client_id
         assigned = None
         if not client_id:
@@ -482,7 +498,7 @@ class MqttConnection(asyncio.Protocol):
                 return
             client_id = assigned = "flowmq-" + secrets.token_hex(8)
         self.client_id = client_id
-        self.username = self.peer_username or p.username
+        self.username = username
         if v5:
             expiry = props.get("session_expiry_interval", 0)
             self.client_receive_maximum = props.get("receive_maximum", 65535)
@@ -557,6 +573,10 @@ class MqttConnection(asyncio.Protocol):
             server.discard_session(existing)
         session = existing if session_present else Session(client_id, self.namespace)
         server.sessions[key] = session
+        if session_present and session.username != self.username:
+            session.username = self.username
+            server.revoke_denied(session)  # its subscriptions were another user's grants
+        session.username = self.username
         session.connection = self
         session.expiry_interval = expiry
         self.session = session
@@ -660,10 +680,17 @@ class MqttConnection(asyncio.Protocol):
         namespace = self.namespace
         self._in_count += 1  # added to the metrics once per read, in flush_counts
         self._in_bytes += len(p.payload)
-        if not self.server.authorizer.allow(self.client_id, self.username, "publish", topic):
+        allowed = self.acl_publish.get(topic)
+        if allowed is None:
+            assert self.access is not None
+            allowed = self.access.may_publish(topic)
+        if not allowed:
+            # v5: PUBACK / PUBREC 0x87; 3.1.1 has no negative acknowledgement: the usual
+            # PUBACK / PUBREC goes out and the message is dropped, as Mosquitto does.
+            self.m.dropped.inc()
             if qos:
                 ack = Puback if qos == 1 else Pubrec
-                self.send(ack(packet_id, rc.NOT_AUTHORIZED))
+                self.send(ack(packet_id, rc.NOT_AUTHORIZED if self.level == 5 else rc.SUCCESS))
             return
         message = self._message_from(topic, p.payload, qos, p.retain, props, self.client_id)
         pending: list[Any] = []
@@ -949,7 +976,13 @@ class MqttConnection(asyncio.Protocol):
                 self.disconnect(rc.PROTOCOL_ERROR, "No Local set on a shared subscription")
                 return
             inner = shared.filter if shared else topic_filter
-            if not server.authorizer.allow(self.client_id, self.username, "subscribe", inner):
+            assert self.access is not None
+            if not self.access.may_subscribe(inner):
+                # Not active: nothing is bound, a subscription of the same filter is removed.
+                old = session.subscriptions.pop(topic_filter, None)
+                if old is not None:
+                    server.unbind(session, old)
+                    session.subscriptions_changed()
                 codes.append(rc.NOT_AUTHORIZED if v5 else rc.SUBACK_FAILURE)
                 continue
             existed = topic_filter in session.subscriptions

@@ -18,15 +18,9 @@ from flowmq_broker.mqtt.session import Session, SessionConnection, Subscription
 from flowmq_broker.routing import Router
 from flowmq_broker.tls import ServerTls
 from flowmq_cluster.link import Link
+from flowmq_core.acl import Authorizer
 from flowmq_core.message import Message
 from flowmq_meta.users import UserDirectory
-
-
-class Authorizer:
-    """The authorisation hook: override ``allow`` to deny publishes or subscriptions."""
-
-    def allow(self, client_id: str, username: str | None, action: str, topic: str) -> bool:
-        return True
 
 
 class ConnectionHost(Protocol):
@@ -38,7 +32,7 @@ class ConnectionHost(Protocol):
     max_keep_alive: int
     allow_anonymous: bool
     users: UserDirectory
-    authorizer: Authorizer
+    authorizer: Authorizer  # the broker's ACLs (flowmq_core.acl)
     router: Router
     retained: RetainedStore
     offline: OfflineStore | None  # durable store of offline persistent sessions, if any
@@ -53,6 +47,10 @@ class ConnectionHost(Protocol):
     def unbind(self, session: Session, sub: Subscription) -> None: ...
 
     def update_subscription_gauge(self) -> None: ...
+
+    def revoke_denied(self, session: Session) -> int:
+        """Drop the subscriptions of ``session`` its user may no longer have; how many."""
+        ...
 
     def discard_session(
         self, session: Session, *, forget: bool = True, redistribute: bool = True
@@ -92,4 +90,4 @@ class ConnectionHost(Protocol):
     def encodings(self, message: Message) -> dict[Any, Any]: ...
 
 
-__all__ = ["Authorizer", "ConnectionHost"]
+__all__ = ["ConnectionHost"]

@@ -17,7 +17,6 @@ import flowmq_metrics as metrics
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.listeners import listen
 from flowmq_broker.mqtt.connection import MqttConnection
-from flowmq_broker.mqtt.host import Authorizer
 from flowmq_broker.mqtt.metrics import mqtt_metrics
 from flowmq_broker.mqtt.offline import OfflineStore
 from flowmq_broker.mqtt.retained import RetainedStore
@@ -33,6 +32,7 @@ from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.tls import ServerTls
 from flowmq_cluster.link import Link
+from flowmq_core.acl import Authorizer
 from flowmq_core.message import Message
 from flowmq_core.message_codec import decode_message, encode_message
 from flowmq_core.topics import matches
@@ -44,7 +44,7 @@ from flowmq_wire.mqtt import reason_codes as rc
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Authorizer", "MqttServer"]
+__all__ = ["MqttServer"]
 
 SUBSCRIPTION = "subscription"
 SHARED = "shared"
@@ -71,6 +71,7 @@ class MqttServer:
         max_keep_alive: int = 65535,
         offline: OfflineStore | None = None,
         cluster: ClusterRouting | None = None,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.router = router
         # Sessions, routes and retained messages on other nodes (None: a broker alone).
@@ -88,7 +89,10 @@ class MqttServer:
         self.sessions: dict[tuple[str, str], Session] = {}
         self.shared_groups: dict[tuple[str, str], list[str]] = {}
         self._shared_turn = itertools.count()
-        self.authorizer = Authorizer()
+        # The broker's ACLs (alone: everything allowed); a change drops the subscriptions
+        # they no longer allow.
+        self.authorizer = authorizer if authorizer is not None else Authorizer()
+        self.authorizer.listeners.append(self._acls_changed)
         self.connections: set[SessionConnection] = set()
         self._server: asyncio.base_events.Server | None = None
         # The TLS listener (start_tls), serving the same connections over TLS.
@@ -123,6 +127,7 @@ class MqttServer:
             max_keep_alive=services.config.mqtt_max_keep_alive,
             offline=OfflineStore(services.queues.engine, services.queues.session_options),
             cluster=services.cluster,
+            authorizer=services.authorizer,
         )
 
     # --- life cycle ---------------------------------------------------------------------
@@ -149,6 +154,8 @@ class MqttServer:
         return bound
 
     async def stop(self) -> None:
+        if self._acls_changed in self.authorizer.listeners:
+            self.authorizer.listeners.remove(self._acls_changed)
         servers = [s for s in (self._server, self._tls_server) if s is not None]
         for server in servers:
             server.close()
@@ -207,6 +214,40 @@ class MqttServer:
         if not members:
             self.shared_groups.pop((ns, name), None)
             self.router.unbind(Binding(SHARED, ns, name), sub.topic_filter)
+
+    def revoke_denied(self, session: Session) -> int:
+        """Unbind the subscriptions of ``session`` its user may no longer have (the client is
+        not told: MQTT has no server-side unsubscribe; Mosquitto likewise stops delivering)."""
+        access = self.authorizer.access(session.namespace, session.username)
+        denied = [
+            (name, sub)
+            for name, sub in session.subscriptions.items()
+            if not access.may_subscribe(sub.topic_filter)
+        ]
+        for name, sub in denied:
+            self.unbind(session, sub)
+            del session.subscriptions[name]
+        if denied:
+            session.subscriptions_changed()
+            log.info(
+                "mqtt %s: ACLs no longer allow %s; unsubscribed",
+                session.client_id,
+                ", ".join(repr(name) for name, _ in denied),
+            )
+            if session.persistent():
+                asyncio.get_running_loop().create_task(self._save_quietly(session))
+        return len(denied)
+
+    async def _save_quietly(self, session: Session) -> None:
+        try:
+            await self.save_session(session)
+        except Exception:
+            log.exception("could not save session %s", session.client_id)
+
+    def _acls_changed(self) -> None:
+        revoked = sum(self.revoke_denied(s) for s in list(self.sessions.values()))
+        if revoked:
+            self.update_subscription_gauge()
 
     def discard_session(
         self, session: Session, *, forget: bool = True, redistribute: bool = True
@@ -273,6 +314,7 @@ class MqttServer:
         """Make an offline session (restored or taken over) live here: bound, expiring."""
         for sub in session.subscriptions.values():
             self.bind(session, sub)
+        self.revoke_denied(session)  # the rules may have changed while no broker held it
         self.sessions[(session.namespace, session.client_id)] = session
         if session.expiry_interval not in (0, NEVER_EXPIRES):
             session.expiry_handle = asyncio.get_running_loop().call_later(

@@ -83,6 +83,8 @@ class Session:
     def __init__(self, client_id: str, namespace: str) -> None:
         self.client_id = client_id
         self.namespace = namespace
+        # The user it belongs to (None: anonymous): its subscriptions are that user's grants.
+        self.username: str | None = None
         self.subscriptions: dict[str, Subscription] = {}
         self.expiry_interval = 0
         self.connection: SessionConnection | None = None
@@ -136,6 +138,7 @@ class Session:
         """The session a stored record describes: offline, its subscriptions not yet bound."""
         session = cls(record["client_id"], namespace)
         session.expiry_interval = record["expiry_interval"]
+        session.username = record.get("user")
         for item in record["subscriptions"]:
             sub = Subscription(
                 item["filter"],
@@ -178,6 +181,7 @@ class Session:
     def to_record(self) -> dict[str, Any]:
         return {
             "client_id": self.client_id,
+            "user": self.username,
             "expiry_interval": self.expiry_interval,
             "subscriptions": [
                 {

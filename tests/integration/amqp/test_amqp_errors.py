@@ -94,7 +94,7 @@ def test_403_login_refused(tmp_path) -> None:
     data_dir = tmp_path / "data"
     add = flowmq_user(data_dir, "add", "alice", "--password", "wonderland")
     assert add.returncode == 0, add.stderr
-    proc = start_broker(data_dir, "--allow-anonymous", "false")
+    proc = start_broker(data_dir, "--allow-anonymous", "false", "--acl-default", "allow")
     try:
         port = proc.ports["amqp"]
         good = connect(port, credentials=pika.PlainCredentials("alice", "wonderland"))

@@ -45,7 +45,7 @@ def connect_result(port: int, protocol: int, username: str | None, password: str
 def locked_broker(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("users") / "data"
     assert flowmq_user(data_dir, "add", "alice", "--password", "wonderland").returncode == 0
-    broker = start_broker(data_dir, "--allow-anonymous", "false")
+    broker = start_broker(data_dir, "--allow-anonymous", "false", "--acl-default", "allow")
     yield broker
     broker.stop()
 

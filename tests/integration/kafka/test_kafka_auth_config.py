@@ -38,7 +38,7 @@ def secured(tmp_path):
         capture_output=True,
         timeout=30,
     )
-    broker = start_broker(data_dir, "--allow-anonymous", "false")
+    broker = start_broker(data_dir, "--allow-anonymous", "false", "--acl-default", "allow")
     yield broker
     broker.stop()
 

@@ -46,6 +46,8 @@ def _secured(data_dir, *args: str) -> BrokerProcess:
         *ROLES,
         "--allow-anonymous",
         "false",
+        "--acl-default",  # authentication is under test: authorization left open
+        "allow",
         *args,
         env={"FLOWMQ_TEST_KAFKA_SASL_TIMEOUT_S": str(SASL_TIMEOUT_S)},
     )

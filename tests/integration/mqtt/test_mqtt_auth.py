@@ -38,7 +38,8 @@ def closed_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
     data = tmp_path_factory.mktemp("auth") / "data"
     data.mkdir(parents=True)
     _user_add(data, "alice", "wonderland")
-    proc = start_broker(data, *ROLES, "--allow-anonymous", "false")
+    # Authentication is under test: authorization is left open (acl_default would be deny).
+    proc = start_broker(data, *ROLES, "--allow-anonymous", "false", "--acl-default", "allow")
     yield proc
     proc.stop()
 

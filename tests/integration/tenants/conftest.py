@@ -51,7 +51,14 @@ def set_up_tenants(broker: BrokerProcess) -> None:
 
 @pytest.fixture(scope="module")
 def tenants_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
-    broker = start_broker(tmp_path_factory.mktemp("tenants") / "data", "--allow-anonymous", "false")
+    # Tenancy alone: authorization allows what no rule denies (ACLs are tested on their own).
+    broker = start_broker(
+        tmp_path_factory.mktemp("tenants") / "data",
+        "--allow-anonymous",
+        "false",
+        "--acl-default",
+        "allow",
+    )
     try:
         set_up_tenants(broker)
         yield broker

@@ -58,6 +58,8 @@ def mtls_broker(pki, tmp_path_factory) -> Iterator[BrokerProcess]:
         "true",
         "--allow-anonymous",
         "false",
+        "--acl-default",
+        "allow",
     )
     yield proc
     proc.stop()

@@ -135,3 +135,24 @@ def test_localhost_binds_the_ipv4_loopback_address():
 def test_bad_bind_is_named(bind):
     with pytest.raises(ConfigError, match="bind must be an IP address"):
         load_config({"bind": bind}, env={})
+
+
+@pytest.mark.parametrize(
+    ("flags", "default"),
+    [
+        ({}, "allow"),  # loopback: anonymous allowed
+        ({"bind": "0.0.0.0"}, "deny"),  # anonymous refused
+        ({"bind": "0.0.0.0", "allow_anonymous": "true"}, "allow"),
+        ({"allow_anonymous": "false"}, "deny"),
+        ({"acl_default": "DENY"}, "deny"),
+        ({"bind": "0.0.0.0", "acl_default": "allow"}, "allow"),
+    ],
+)
+def test_acl_default_follows_allow_anonymous_unless_set(flags, default):
+    assert load_config(flags, env={}).resolved().acl_default == default
+
+
+def test_acl_default_is_allow_or_deny():
+    with pytest.raises(ConfigError, match="acl_default"):
+        load_config({"acl_default": "maybe"}, env={})
+    assert load_config({}, env={"FLOWMQ_ACL_DEFAULT": "deny"}).acl_default == "deny"

@@ -71,6 +71,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         f"{defaults.bind}; 0.0.0.0 or :: for every interface)",
         "allow_anonymous": "true or false: may clients connect without a user name (default: "
         "true while --bind is loopback, else false)",
+        "acl_default": "allow or deny: what no ACL rule matches gets (default: allow while "
+        "anonymous clients are allowed, else deny)",
         "log_level": "debug, info, warning or error (default info)",
         "log_format": "text (default) or json: one JSON object per log line",
         "mqtt_max_offline_bytes": "bytes of QoS 1/2 messages an offline persistent session "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from flowmq_core.acl import ACTIONS as ACL_ACTIONS
 from flowmq_ctl import messaging, resources, tail
 from flowmq_ctl.completion import completion
 
@@ -125,6 +126,21 @@ def add_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParse
     _leaf(verbs, "list", resources.token_list, "list tokens (never their secrets)", [common])
     _leaf(verbs, "delete", resources.token_delete, "delete a token", [common]).add_argument(
         "id", help="the token id (flowmq token list)"
+    )
+
+    verbs = _verbs(sub, "acl", "authorization rules (docs/security.md#authorization)")
+    add = _leaf(verbs, "add", resources.acl_add, "add a rule",
+                [common], "example: flowmq acl add alice 'sensors/#' publish -n plant-1")  # fmt: skip
+    add.add_argument("principal", help="a user, group:<name> or *")
+    add.add_argument("resource", help="a topic filter, stream:<name>, queue:<name>, "
+                     "group:<kafka group> or namespace")  # fmt: skip
+    add.add_argument("action", choices=ACL_ACTIONS)
+    add.add_argument("--effect", choices=("allow", "deny"), default="allow")
+    add.add_argument("-n", "--namespace", help="the rule's namespace (default: default)")
+    listing = _leaf(verbs, "list", resources.acl_list, "list rules", [common])
+    listing.add_argument("-n", "--namespace", help="only this namespace's rules")
+    _leaf(verbs, "delete", resources.acl_delete, "delete a rule", [common]).add_argument(
+        "id", help="the rule id (flowmq acl list)"
     )
 
     verbs = _verbs(sub, "group", "consumer groups: members, committed offsets, lag")

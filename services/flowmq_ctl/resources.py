@@ -1,4 +1,4 @@
-"""``flowmq stream|queue|subscription|namespace|token|group|client|user`` and ``cluster status``,
+"""``flowmq stream|queue|subscription|namespace|token|acl|group|client|user`` and ``cluster status``,
 ``version``: one admin API call (or two) per verb, the answer rendered by ``output``."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ SUBSCRIPTION_COLUMNS = ("client_id", "topic_filter", "qos", "shared_group", "nam
 NODE_COLUMNS = ("node_id", "status", "gossip", "roles", "version", "host", "http", "self")
 USER_COLUMNS = ("username", "namespace", "created_at_ms")
 TOKEN_COLUMNS = ("id", "namespace", "role", "description", "created_at_ms")
+ACL_COLUMNS = ("id", "principal", "namespace", "resource", "action", "effect")
 
 
 def _done(ctx: Context, data: Any, text: str) -> int:
@@ -174,6 +175,35 @@ def token_list(args: argparse.Namespace, ctx: Context) -> int:
 def token_delete(args: argparse.Namespace, ctx: Context) -> int:
     data = ctx.api.call("DELETE", f"/tokens/{quote(args.id)}")
     return _done(ctx, data, f"token {args.id} deleted")
+
+
+# --- ACL rules ----------------------------------------------------------------------------------
+def acl_add(args: argparse.Namespace, ctx: Context) -> int:
+    body = {
+        "principal": args.principal,
+        "namespace": args.namespace or "default",
+        "resource": args.resource,
+        "action": args.action,
+        "effect": args.effect,
+    }
+    data = ctx.api.call("POST", "/acls", body)
+    return _done(
+        ctx,
+        data,
+        f"rule {data['id']} added: {data['effect']} {data['principal']} {data['action']} "
+        f"{data['resource']} in {data['namespace']}",
+    )
+
+
+def acl_list(args: argparse.Namespace, ctx: Context) -> int:
+    query = {"namespace": args.namespace} if args.namespace else None
+    emit(ctx.api.call("GET", "/acls", query=query), ctx.fmt, ACL_COLUMNS)
+    return 0
+
+
+def acl_delete(args: argparse.Namespace, ctx: Context) -> int:
+    data = ctx.api.call("DELETE", f"/acls/{quote(args.id)}")
+    return _done(ctx, data, f"rule {args.id} deleted")
 
 
 # --- consumer groups ----------------------------------------------------------------------------

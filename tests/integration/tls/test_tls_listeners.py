@@ -16,7 +16,8 @@ import pika
 import pytest
 
 from tests.fixtures.broker_process import start_broker
-from tests.integration.tls.conftest import HOST, TIMEOUT, client_context, mqtt_tls_client
+from tests.fixtures.cli import flowmq_user
+from tests.integration.tls.conftest import HOST, TIMEOUT, client_context, mqtt_tls_client, tls_args
 
 ck = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient  # noqa: E402
@@ -135,3 +136,52 @@ def test_admin_api_over_https(tls_broker, pki):
         assert r.status == 200
         nodes = json.load(r)["data"]
     assert nodes[0]["ports"]["kafka_tls"] == tls_broker.ports["kafka_tls"]
+
+
+@pytest.fixture(scope="module")
+def sasl_ssl_broker(pki, tmp_path_factory):
+    """TLS, one user, anonymous clients refused: Kafka's SASL_SSL security protocol."""
+    data_dir = tmp_path_factory.mktemp("sasl-ssl") / "data"
+    added = flowmq_user(data_dir, "add", "kafka-app", "--password", "scram-secret")
+    assert added.returncode == 0, added.stderr
+    proc = start_broker(
+        data_dir, *tls_args(pki), "--allow-anonymous", "false", "--acl-default", "allow"
+    )
+    yield proc
+    proc.stop()
+
+
+def sasl_ssl_conf(broker, pki, mechanism: str, password: str, **extra) -> dict:
+    return ssl_conf(
+        broker,
+        pki,
+        security_protocol="SASL_SSL",
+        sasl_mechanism=mechanism,
+        sasl_username="kafka-app",
+        sasl_password=password,
+        **extra,
+    )
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_kafka_sasl_ssl_with_scram_produces(sasl_ssl_broker, pki, uid, mechanism):
+    topic = f"sasl-ssl-{uid}-{mechanism[-3:]}"
+    conf = sasl_ssl_conf(
+        sasl_ssl_broker, pki, mechanism, "scram-secret", acks="all", message_timeout_ms=15000
+    )
+    producer = ck.Producer(conf)
+    reports: list = []
+    producer.produce(topic, value=b"over SASL_SSL", on_delivery=lambda e, m: reports.append(e))
+    assert producer.flush(20) == 0
+    assert reports == [None]
+
+
+def test_kafka_sasl_ssl_with_a_wrong_scram_password_is_refused(sasl_ssl_broker, pki, uid):
+    """Last of the module's SASL_SSL tests: librdkafka retries at once, and the broker then
+    refuses this address for a minute (the failed-login rate limit)."""
+    errors: list = []
+    conf = sasl_ssl_conf(sasl_ssl_broker, pki, "SCRAM-SHA-256", "wrong", message_timeout_ms=5000)
+    refused = ck.Producer({**conf, "error_cb": errors.append})
+    refused.produce(f"sasl-ssl-{uid}", value=b"never")
+    refused.flush(8)
+    assert any(e.code() == ck.KafkaError._AUTHENTICATION for e in errors), errors

@@ -67,6 +67,7 @@ class AmqpConnection(asyncio.Protocol):
         self.namespace = DEFAULT_NAMESPACE
         self.vhost = "/"
         self.username: str | None = None
+        self.peer_username: str | None = None  # a client certificate's CN (tls_cert_as_username)
         self.user_namespace: str | None = None  # a user's: the only one it may open
         # What it may do (flowmq_core.acl); the namespace's view once Connection.Open is done.
         self.access = shared.services.authorizer.access(DEFAULT_NAMESPACE, None)
@@ -95,6 +96,9 @@ class AmqpConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.shared.connections.add(self)
+        tls = self.shared.tls
+        # With tls_cert_as_username the certificate's CN is offered as the login (EXTERNAL).
+        self.peer_username = tls.peer_username(transport) if tls is not None else None
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -296,7 +300,8 @@ class AmqpConnection(asyncio.Protocol):
                             "per_consumer_qos": True,
                         },
                     },
-                    mechanisms="PLAIN AMQPLAIN",
+                    mechanisms="PLAIN AMQPLAIN"
+                    + (" EXTERNAL" if self.peer_username is not None else ""),
                     locales="en_US",
                 ),
             )
@@ -328,7 +333,11 @@ class AmqpConnection(asyncio.Protocol):
 
     def _start_ok(self, m: commands.Connection.StartOk) -> None:
         """An anonymous login is answered at once; a user's is checked off the event loop
-        (``_authenticate``) while the connection waits in state ``authenticating``."""
+        (``_authenticate``) while the connection waits in state ``authenticating``; EXTERNAL
+        takes the user the client certificate names."""
+        if m.mechanism == "EXTERNAL":
+            self._external_login()
+            return
         user, password = _credentials(m.mechanism, m.response)
         users = self.shared.services.users
         if user is None or (
@@ -365,6 +374,21 @@ class AmqpConnection(asyncio.Protocol):
             self.user_namespace = result.namespace
             self._tune()
         self.flush()
+
+    def _external_login(self) -> None:
+        user = self.peer_username
+        namespace = None if user is None else self.shared.services.users.namespace_of(user)
+        if namespace is None:
+            why = (
+                "no client certificate names a user"
+                if user is None
+                else "certificate names no user"
+            )
+            self._refuse_login("EXTERNAL", user, why)
+            return
+        self.username = user
+        self.user_namespace = namespace
+        self._tune()
 
     def _refuse_login(self, mechanism: str, user: str | None, why: str) -> None:
         """403 ACCESS_REFUSED (Connection.Close), the client told as little as RabbitMQ does."""

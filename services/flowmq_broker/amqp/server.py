@@ -37,6 +37,7 @@ class AmqpServer:
         """Serve AMQP over TLS (amqps) on ``port`` too, after ``start``; returns the bound
         port.  Logins are the same as on the plain port (the certificate names no user)."""
         shared = self.shared
+        shared.tls = tls
         self._tls_server, bound = await listen(
             lambda: AmqpConnection(shared), port, self.services.config.bind, ssl=tls.context
         )

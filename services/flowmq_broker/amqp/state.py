@@ -17,6 +17,7 @@ from flowmq_broker.amqp.link import Link
 from flowmq_broker.amqp.memqueue import MemConsumer, MemoryQueue, MemoryQueues
 from flowmq_broker.queues import QueueService
 from flowmq_broker.services import BrokerServices
+from flowmq_broker.tls import ServerTls
 from flowmq_core.errors import InvalidName, InvalidTopic
 from flowmq_core.mapping import amqp_publish_topic
 
@@ -36,6 +37,9 @@ class AmqpState:
         # (namespace, queue) -> the consumer that consumes it exclusively.
         self.exclusive_consumers: dict[tuple[str, str], Any] = {}
         self._topics: dict[tuple[str, str, str], str | None] = {}
+        # The TLS settings once the amqps listener runs: a client certificate's CN may be the
+        # login (SASL EXTERNAL, with tls_cert_as_username).
+        self.tls: ServerTls | None = None
 
     def publish_topic(self, exchange: str, routing_key: str, exchange_type: str) -> str | None:
         """Canonical topic of a publish, None when no topic can express it (unroutable)."""

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 
 import paho.mqtt.client as mqtt
+import pika
 import pytest
 
 from tests.integration.tls.conftest import HOST, TIMEOUT, client_context, mqtt_connack
@@ -98,3 +99,35 @@ def test_kafka_certificate_cn_that_is_no_user_is_closed(mtls_broker, pki):
             assert tls.recv(1) == b""
         except (ssl.SSLError, ConnectionResetError):
             pass  # closed without a TLS close_notify: closed all the same
+
+
+def _amqp_with_certificate(broker, pki, name: str) -> pika.BlockingConnection:
+    """pika over amqps with ``name``'s client certificate and SASL EXTERNAL, no password."""
+    return pika.BlockingConnection(
+        pika.ConnectionParameters(
+            HOST,
+            broker.ports["amqp_tls"],
+            credentials=pika.credentials.ExternalCredentials(),
+            ssl_options=pika.SSLOptions(client_context(pki, pki.clients[name]), "localhost"),
+            connection_attempts=1,
+            blocked_connection_timeout=TIMEOUT,
+        )
+    )
+
+
+def test_amqp_certificate_cn_is_the_login_with_external(mtls_broker, pki, uid):
+    connection = _amqp_with_certificate(mtls_broker, pki, "alice")
+    try:
+        channel = connection.channel()
+        queue = f"cn-{uid}"
+        channel.queue_declare(queue, durable=True)
+        channel.basic_publish("", queue, b"from alice")
+        method, _, body = channel.basic_get(queue, auto_ack=True)
+        assert method is not None and body == b"from alice"
+    finally:
+        connection.close()
+
+
+def test_amqp_certificate_cn_that_is_no_user_is_refused(mtls_broker, pki):
+    with pytest.raises(pika.exceptions.AMQPConnectionError):
+        _amqp_with_certificate(mtls_broker, pki, "mallory")

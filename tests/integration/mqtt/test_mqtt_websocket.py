@@ -4,6 +4,7 @@ clients with ``transport="websockets"``, talking to TCP clients through one brok
 from __future__ import annotations
 
 import asyncio
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from flowmq_wire.mqtt.codec import MqttDecoder, encode
 from flowmq_wire.mqtt.packets import Connack, Connect
 from tests.fixtures.broker_process import BrokerProcess, start_broker
 from tests.fixtures.cli import flowmq_user
+from tests.fixtures.tls import make_pki
 
 from .conftest import HOST, ROLES, TIMEOUT, Paho
 
@@ -190,3 +192,32 @@ def test_bad_packet_or_text_frame_closes_only_that_client(broker, clients, uid):
     # The other client is still served.
     bystander.publish(f"still/{uid}", b"alive", qos=1)
     assert bystander.get().payload == b"alive"
+
+
+@pytest.fixture(scope="module")
+def wss_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
+    pki = make_pki(tmp_path_factory.mktemp("ws-pki"))
+    data = tmp_path_factory.mktemp("wss") / "data"
+    args = ("--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key))
+    proc = start_broker(data, *ROLES, *args)
+    proc.pki = pki  # type: ignore[attr-defined]
+    yield proc
+    proc.stop()
+
+
+@pytest.mark.parametrize("v5", [False, True], ids=["3.1.1", "5.0"])
+def test_wss_with_tls_configured(wss_broker, uid, v5):
+    ports = wss_broker.ports
+    assert ports["mqtt_wss"] not in (0, ports["mqtt_ws"], ports["mqtt_tls"])
+    secure = WsPaho(ports["mqtt_wss"], f"wss-{uid}", v5=v5)
+    secure.client.tls_set_context(ssl.create_default_context(cafile=str(wss_broker.pki.ca)))
+    plain = WsPaho(ports["mqtt_ws"], f"ws-{uid}", v5=v5)
+    try:
+        secure.connect()
+        plain.connect()
+        secure.subscribe(f"wss/{uid}", 1)
+        plain.publish(f"wss/{uid}", b"over tls", qos=1)
+        assert secure.get().payload == b"over tls"
+    finally:
+        secure.close()
+        plain.close()

@@ -30,6 +30,7 @@ class BrokerConfig:
     objects: str = ""  # empty: file://<abs data_dir>/objects
     http_port: int = 8080
     mqtt_port: int = 1883
+    mqtt_ws_port: int = 8083  # MQTT over WebSocket, path /mqtt (docs/mqtt.md)
     kafka_port: int = 9092
     amqp_port: int = 5672
     gossip_port: int = 7946
@@ -83,6 +84,7 @@ class BrokerConfig:
     tls_ca: str = ""
     tls_cert_as_username: bool = False
     mqtt_tls_port: int = 8883
+    mqtt_wss_port: int = 8084  # MQTT over secure WebSocket, path /mqtt
     kafka_tls_port: int = 9093  # Kafka's SSL and SASL_SSL security protocols
     amqp_tls_port: int = 5671
     http_tls_port: int = 8443

@@ -46,6 +46,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "(default file://<data-dir>/objects)",
         "http_port": f"admin API and metrics port (default {defaults.http_port}; 0 = any free port)",
         "mqtt_port": f"MQTT port (default {defaults.mqtt_port})",
+        "mqtt_ws_port": f"MQTT over WebSocket port, path /mqtt (default {defaults.mqtt_ws_port})",
         "kafka_port": f"Kafka port (default {defaults.kafka_port})",
         "amqp_port": f"AMQP port (default {defaults.amqp_port})",
         "gossip_port": f"gossip (UDP) port (default {defaults.gossip_port})",
@@ -62,6 +63,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "tls_cert_as_username": "true or false: the client certificate's CN is the user "
         "(needs --tls-ca; default false)",
         "mqtt_tls_port": f"MQTT over TLS port (default {defaults.mqtt_tls_port})",
+        "mqtt_wss_port": f"MQTT over secure WebSocket port, path /mqtt (default "
+        f"{defaults.mqtt_wss_port})",
         "kafka_tls_port": f"Kafka SSL/SASL_SSL port (default {defaults.kafka_tls_port})",
         "amqp_tls_port": f"AMQP over TLS port (default {defaults.amqp_tls_port})",
         "http_tls_port": f"HTTPS port (default {defaults.http_tls_port})",

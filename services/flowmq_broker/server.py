@@ -391,6 +391,8 @@ class Broker(OperationsBackend):
                 await self._start_adapter(role)
         if self.tls is not None:
             await self._start_tls_listeners(self.tls)
+        if self.mqtt is not None:
+            await self._start_mqtt_websocket(self.mqtt, self.tls)
         await self.nodes_registry.start()
         await self._serve_http(http_socket)
         if self.tls is not None:
@@ -540,6 +542,17 @@ class Broker(OperationsBackend):
             port = getattr(self.config, f"{key}_port")
             try:
                 self.ports[key] = await adapter.start_tls(port, tls)
+            except OSError as exc:
+                raise StartupError(f"cannot listen on {key} port {port}: {exc.strerror}") from None
+
+    async def _start_mqtt_websocket(self, mqtt: MqttServer, tls: ServerTls | None) -> None:
+        """MQTT over WebSocket (``mqtt_ws_port``, ports.json ``mqtt_ws``) and, with TLS,
+        over secure WebSocket (``mqtt_wss_port``, ``mqtt_wss``)."""
+        sites = [("mqtt_ws", None)] + ([("mqtt_wss", tls)] if tls is not None else [])
+        for key, secure in sites:
+            port = getattr(self.config, f"{key}_port")
+            try:
+                self.ports[key] = await mqtt.start_websocket(port, secure)
             except OSError as exc:
                 raise StartupError(f"cannot listen on {key} port {port}: {exc.strerror}") from None
 

@@ -27,6 +27,7 @@ from flowmq_broker.mqtt.session import (
     Subscription,
     session_enqueue,
 )
+from flowmq_broker.mqtt.websocket import MqttWebSocketListener
 from flowmq_broker.nodes import read_node_table
 from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_broker.services import BrokerServices
@@ -98,6 +99,8 @@ class MqttServer:
         # The TLS listener (start_tls), serving the same connections over TLS.
         self._tls_server: asyncio.base_events.Server | None = None
         self.tls: ServerTls | None = None
+        # MQTT over WebSocket (start_websocket): ``GET /mqtt`` on its own HTTP sites.
+        self._websocket: MqttWebSocketListener | None = None
         self.dirty: list[SessionConnection] = []
         self._flush_scheduled = False
         self.current_publisher: SessionConnection | None = None
@@ -153,6 +156,13 @@ class MqttServer:
         )
         return bound
 
+    async def start_websocket(self, port: int, tls: ServerTls | None = None) -> int:
+        """Serve MQTT over WebSocket (``/mqtt``, subprotocol ``mqtt``) on ``port`` too, over
+        TLS with ``tls`` (after ``start``; ``start_tls`` first for WSS); the bound port."""
+        if self._websocket is None:
+            self._websocket = MqttWebSocketListener(self)
+        return await self._websocket.start(self.host, port, tls.context if tls else None)
+
     async def stop(self) -> None:
         if self._acls_changed in self.authorizer.listeners:
             self.authorizer.listeners.remove(self._acls_changed)
@@ -163,6 +173,8 @@ class MqttServer:
             connection.shutdown()
         for server in servers:
             await server.wait_closed()
+        if self._websocket is not None:
+            await self._websocket.stop()
 
     # --- sessions ---------------------------------------------------------------------------
     def subscription_count(self) -> int:

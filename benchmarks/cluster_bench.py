@@ -90,7 +90,13 @@ class FlowMQCluster(mb.FlowMQ):
             cmd = [sys.executable, "-m", "flowmq_broker.cli", "serve", "--data-dir", str(data)]
             cmd += ["--node-id", node, "--meta", f"sqlite:///{root / 'meta.db'}"]
             cmd += ["--objects", (root / "objects").as_uri(), "--admin-token", TOKEN]
-            for option in ("--http-port", "--mqtt-port", "--kafka-port", "--amqp-port"):
+            for option in (
+                "--http-port",
+                "--mqtt-port",
+                "--mqtt-ws-port",
+                "--kafka-port",
+                "--amqp-port",
+            ):
                 cmd += [option, "0"]
             cmd += ["--gossip-port", "0"]
             if gossip is not None:

@@ -204,7 +204,13 @@ class FlowMQ(Broker):
             log = workdir / f"flowmq-{i}.log"
             self.logs.append(log)
             cmd = [sys.executable, "-m", "flowmq_broker.cli", "serve", "--data-dir", str(data)]
-            for option in ("--http-port", "--mqtt-port", "--kafka-port", "--amqp-port"):
+            for option in (
+                "--http-port",
+                "--mqtt-port",
+                "--mqtt-ws-port",
+                "--kafka-port",
+                "--amqp-port",
+            ):
                 cmd += [option, "0"]
             cmd += ["--gossip-port", "0", *extra_args]
             proc = spawn_logged(cmd, log)

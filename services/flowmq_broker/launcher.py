@@ -27,7 +27,7 @@ from flowmq_broker.admin_token import TOKEN_FILE, load_or_create_token
 from flowmq_core.config import BrokerConfig
 
 PROTOCOL_ROLES = ("mqtt", "kafka", "amqp")
-PORT_NAMES = ("http", "mqtt", "kafka", "amqp", "gossip")  # the keys of ports.json
+PORT_NAMES = ("http", "mqtt", "mqtt_ws", "kafka", "amqp", "gossip")  # the keys of ports.json
 STARTUP_TIMEOUT_S = 60.0
 READY_POLL_S = 0.1  # a broker writes ports.json once it serves (whatever its log level)
 STOP_TIMEOUT_S = 10.0
@@ -85,6 +85,9 @@ def serve_command(
     ]  # fmt: skip
     for name, port in plan.ports.items():
         cmd += [f"--{name}-port", str(port)]
+    if "mqtt" in plan.roles:
+        # Any free port: the default plus the index would meet another process's HTTP port.
+        cmd += ["--mqtt-ws-port", "0"]
     if seed:
         cmd += ["--seeds", seed]
     return cmd

@@ -43,6 +43,16 @@ def _then(result: Any, build: Callable[[Any], Any]) -> Any:
 # -- membership --------------------------------------------------------------------------------
 
 
+def _refusal(ctx: RequestContext, group_id: str) -> int:
+    """Why this broker does not serve ``group_id`` to this client (the ACL's ``consume`` on
+    the group, then coordination), or ``NONE``."""
+    if not ctx.conn.access.allowed(CONSUME, GROUP, group_id):
+        return ErrorCode.GROUP_AUTHORIZATION_FAILED
+    if not ctx.server.owns_group(group_id):
+        return ErrorCode.NOT_COORDINATOR
+    return ErrorCode.NONE
+
+
 def handle_join_group(ctx: RequestContext, req: Any) -> Any:
     resp = ctx.response
     version = ctx.version
@@ -64,10 +74,9 @@ def handle_join_group(ctx: RequestContext, req: Any) -> Any:
             ],
         )
 
-    if not ctx.conn.access.allowed(CONSUME, GROUP, req.group_id):
-        return build(JoinResult(ErrorCode.GROUP_AUTHORIZATION_FAILED))
-    if not ctx.server.owns_group(req.group_id):
-        return build(JoinResult(ErrorCode.NOT_COORDINATOR))
+    refused = _refusal(ctx, req.group_id)
+    if refused:
+        return build(JoinResult(refused))
     result = ctx.tenant.coordinator.join(
         req.group_id,
         req.member_id or "",
@@ -95,10 +104,9 @@ def handle_sync_group(ctx: RequestContext, req: Any) -> Any:
             assignment=r.assignment,
         )
 
-    if not ctx.conn.access.allowed(CONSUME, GROUP, req.group_id):
-        return build(SyncResult(ErrorCode.GROUP_AUTHORIZATION_FAILED))
-    if not ctx.server.owns_group(req.group_id):
-        return build(SyncResult(ErrorCode.NOT_COORDINATOR))
+    refused = _refusal(ctx, req.group_id)
+    if refused:
+        return build(SyncResult(refused))
     result = ctx.tenant.coordinator.sync(
         req.group_id,
         req.generation_id,
@@ -111,12 +119,9 @@ def handle_sync_group(ctx: RequestContext, req: Any) -> Any:
 
 
 def handle_heartbeat(ctx: RequestContext, req: Any) -> Any:
-    if not ctx.conn.access.allowed(CONSUME, GROUP, req.group_id):
-        code = ErrorCode.GROUP_AUTHORIZATION_FAILED
-    elif not ctx.server.owns_group(req.group_id):
-        code = ErrorCode.NOT_COORDINATOR
-    else:
-        code = ctx.tenant.coordinator.heartbeat(req.group_id, req.generation_id, req.member_id)
+    code = _refusal(ctx, req.group_id) or ctx.tenant.coordinator.heartbeat(
+        req.group_id, req.generation_id, req.member_id
+    )
     return ctx.response(throttle_time_ms=0, error_code=code)
 
 
@@ -126,10 +131,9 @@ def handle_leave_group(ctx: RequestContext, req: Any) -> Any:
         identities = [(m.member_id, m.group_instance_id) for m in req.members]
     else:
         identities = [(req.member_id, None)]
-    if not ctx.conn.access.allowed(CONSUME, GROUP, req.group_id):
-        return resp(throttle_time_ms=0, error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, members=[])
-    if not ctx.server.owns_group(req.group_id):
-        return resp(throttle_time_ms=0, error_code=ErrorCode.NOT_COORDINATOR, members=[])
+    refused = _refusal(ctx, req.group_id)
+    if refused:
+        return resp(throttle_time_ms=0, error_code=refused, members=[])
     codes = ctx.tenant.coordinator.leave(req.group_id, [m for m, _ in identities])
     if ctx.version < 3:
         return resp(throttle_time_ms=0, error_code=codes[0])

@@ -40,3 +40,13 @@ def changes_since(tr: Transaction, version: int, limit: int = 1000) -> list[dict
     begin = CHANGELOG.pack(version + 1)
     _, end = CHANGELOG.range()
     return [json.loads(value) for _, value in tr.get_range(begin, end, limit=limit)]
+
+
+def clear_recorded(tr: Transaction, key: bytes, kind: str, payload: dict[str, Any]) -> bool:
+    """Clear ``key`` and record the change ``kind``, in ``tr``; False (and nothing recorded)
+    when there is no such key."""
+    if tr.get(key) is None:
+        return False
+    tr.clear(key)
+    record_change(tr, kind, payload)
+    return True

@@ -33,7 +33,7 @@ from flowmq_core.errors import NotFound
 from flowmq_meta import keys
 from flowmq_meta.api import MetaStore, Transaction
 from flowmq_meta.catalog import DEFAULT_NAMESPACE, validate_namespace_name
-from flowmq_meta.changelog import record_change
+from flowmq_meta.changelog import clear_recorded, record_change
 
 ADMIN = "admin"
 VIEWER = "viewer"
@@ -106,15 +106,10 @@ async def create_token(
 async def delete_token(store: MetaStore, token_id: str) -> bool:
     """Remove a token; False if there is none with that id."""
 
-    def txn(tr: Transaction) -> bool:
-        key = keys.ADMIN_TOKENS.pack(token_id)
-        if tr.get(key) is None:
-            return False
-        tr.clear(key)
-        record_change(tr, "token.deleted", {"id": token_id})
-        return True
-
-    return await store.transact(txn)
+    key = keys.ADMIN_TOKENS.pack(token_id)
+    return await store.transact(
+        lambda tr: clear_recorded(tr, key, "token.deleted", {"id": token_id})
+    )
 
 
 async def delete_namespace_tokens(store: MetaStore, namespace: str) -> list[str]:

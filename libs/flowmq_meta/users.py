@@ -44,7 +44,7 @@ from flowmq_core.limits import MAX_NAME_BYTES
 from flowmq_meta import keys
 from flowmq_meta.api import MetaStore, Transaction
 from flowmq_meta.catalog import DEFAULT_NAMESPACE, validate_namespace_name
-from flowmq_meta.changelog import record_change
+from flowmq_meta.changelog import clear_recorded, record_change
 from flowmq_meta.login_limiter import LoginLimiter
 from flowmq_meta.scram import MECHANISMS, ScramCredential, make_credential
 
@@ -249,15 +249,8 @@ async def set_groups(store: MetaStore, name: str, groups: list[str]) -> list[str
 
 
 async def delete_user(store: MetaStore, name: str) -> bool:
-    def txn(tr: Transaction) -> bool:
-        key = keys.USERS.pack(name)
-        if tr.get(key) is None:
-            return False
-        tr.clear(key)
-        record_change(tr, "user.deleted", {"name": name})
-        return True
-
-    return await store.transact(txn)
+    key = keys.USERS.pack(name)
+    return await store.transact(lambda tr: clear_recorded(tr, key, "user.deleted", {"name": name}))
 
 
 async def load_users(store: MetaStore) -> dict[str, dict[str, Any]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from flowmq_core.version import flowmq_version
@@ -49,6 +50,42 @@ def _settings(args: argparse.Namespace, names: dict[str, str]) -> dict[str, Any]
     }
 
 
+# --- streams and queues: list, describe and delete are alike --------------------------------------
+Handler = Callable[[argparse.Namespace, Context], int]
+
+
+def _lister(plural: str, columns: tuple[str, ...]) -> Handler:
+    def handler(args: argparse.Namespace, ctx: Context) -> int:
+        emit(ctx.api.call("GET", f"/{plural}", query=ctx.ns_query), ctx.fmt, columns)
+        return 0
+
+    return handler
+
+
+def _describer(plural: str) -> Handler:
+    def handler(args: argparse.Namespace, ctx: Context) -> int:
+        emit(ctx.api.call("GET", f"/{plural}/{quote(args.name)}", query=ctx.ns_query), ctx.fmt)
+        return 0
+
+    return handler
+
+
+def _deleter(plural: str, noun: str) -> Handler:
+    def handler(args: argparse.Namespace, ctx: Context) -> int:
+        data = ctx.api.call("DELETE", f"/{plural}/{quote(args.name)}", query=ctx.ns_query)
+        return _done(ctx, data, f"{noun} {args.name} deleted")
+
+    return handler
+
+
+stream_list = _lister("streams", STREAM_COLUMNS)
+stream_describe = _describer("streams")
+stream_delete = _deleter("streams", "stream")
+queue_list = _lister("queues", QUEUE_COLUMNS)
+queue_describe = _describer("queues")
+queue_delete = _deleter("queues", "queue")
+
+
 # --- streams ----------------------------------------------------------------------------------
 _STREAM_SETTINGS = {
     "filters": "topic_filters",
@@ -69,16 +106,6 @@ def stream_create(args: argparse.Namespace, ctx: Context) -> int:
     )
 
 
-def stream_list(args: argparse.Namespace, ctx: Context) -> int:
-    emit(ctx.api.call("GET", "/streams", query=ctx.ns_query), ctx.fmt, STREAM_COLUMNS)
-    return 0
-
-
-def stream_describe(args: argparse.Namespace, ctx: Context) -> int:
-    emit(ctx.api.call("GET", f"/streams/{quote(args.name)}", query=ctx.ns_query), ctx.fmt)
-    return 0
-
-
 def stream_update(args: argparse.Namespace, ctx: Context) -> int:
     body = _settings(args, _STREAM_SETTINGS)
     if not body:
@@ -87,11 +114,6 @@ def stream_update(args: argparse.Namespace, ctx: Context) -> int:
         )
     data = ctx.api.call("PUT", f"/streams/{quote(args.name)}", body, ctx.ns_query)
     return _done(ctx, data, f"stream {data['name']} updated")
-
-
-def stream_delete(args: argparse.Namespace, ctx: Context) -> int:
-    data = ctx.api.call("DELETE", f"/streams/{quote(args.name)}", query=ctx.ns_query)
-    return _done(ctx, data, f"stream {args.name} deleted")
 
 
 # --- queues ----------------------------------------------------------------------------------
@@ -110,24 +132,9 @@ def queue_create(args: argparse.Namespace, ctx: Context) -> int:
     return _done(ctx, data, f"queue {data['name']} created: filter {data['topic_filter']}")
 
 
-def queue_list(args: argparse.Namespace, ctx: Context) -> int:
-    emit(ctx.api.call("GET", "/queues", query=ctx.ns_query), ctx.fmt, QUEUE_COLUMNS)
-    return 0
-
-
-def queue_describe(args: argparse.Namespace, ctx: Context) -> int:
-    emit(ctx.api.call("GET", f"/queues/{quote(args.name)}", query=ctx.ns_query), ctx.fmt)
-    return 0
-
-
 def queue_purge(args: argparse.Namespace, ctx: Context) -> int:
     data = ctx.api.call("POST", f"/queues/{quote(args.name)}/purge", query=ctx.ns_query)
     return _done(ctx, data, f"queue {args.name}: {data['purged']} message(s) purged")
-
-
-def queue_delete(args: argparse.Namespace, ctx: Context) -> int:
-    data = ctx.api.call("DELETE", f"/queues/{quote(args.name)}", query=ctx.ns_query)
-    return _done(ctx, data, f"queue {args.name} deleted")
 
 
 # --- subscriptions, namespaces ----------------------------------------------------------------

@@ -3,6 +3,9 @@ metrics follow the same style.  Label sets are kept small: Prometheus adds ``ins
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from prometheus_client import Gauge, Histogram
 
 from flowmq_metrics.registry import REGISTRY, Counter
@@ -188,6 +191,14 @@ for _plane in ("gossip", "link"):  # exposed at zero: an alert can watch for any
     cluster_auth_failures_count.labels(_plane)
 
 
+def record_limit_refusal(details: Mapping[str, Any]) -> None:
+    """Count a refusal whose error ``details`` name the limit it passed (flowmq_core.limits
+    errors carry ``limit``); other refusals are not limits and are not counted."""
+    limit = details.get("limit")
+    if limit is not None:
+        limits_rejections_count.labels(limit).inc()
+
+
 def record_object_request(kind: str, size: int) -> None:
     """Hook for object-store backends: one call per request."""
     s3_request_count.labels(kind).inc()
@@ -198,5 +209,5 @@ __all__ = [
     name
     for name in dir()
     if not name.startswith("_")
-    and name not in {"Gauge", "Histogram", "Counter", "REGISTRY", "annotations"}
+    and name not in {"Gauge", "Histogram", "Counter", "REGISTRY", "annotations", "Any", "Mapping"}
 ]

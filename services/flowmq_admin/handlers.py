@@ -11,11 +11,13 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+import flowmq_metrics
 from flowmq_admin import schemas
 from flowmq_admin.envelope import ApiError
 from flowmq_admin.operations import NAMESPACE_KEY
 from flowmq_admin.validation import read_json_body
 from flowmq_core.acl import Rule
+from flowmq_core.errors import InvalidTopic
 from flowmq_core.mapping import amqp_queue_filter, kafka_to_canonical
 from flowmq_core.message import Message
 from flowmq_core.topics import validate_topic
@@ -407,7 +409,11 @@ def _message_from(topic: str, body: dict[str, Any]) -> Message:
 
 async def _publish_target(request: web.Request, backend: AdminBackend) -> tuple[str, str]:
     topic = request.match_info["topic"]
-    validate_topic(topic)
+    try:
+        validate_topic(topic)
+    except InvalidTopic as exc:
+        flowmq_metrics.record_limit_refusal(exc.details)
+        raise
     namespace = namespace_of(request)
     await backend.catalog.get_namespace(namespace)
     return namespace, topic

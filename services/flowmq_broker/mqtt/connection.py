@@ -968,8 +968,7 @@ class MqttConnection(asyncio.Protocol):
                 validate_subscription_filter(topic_filter)
                 shared = parse_shared(topic_filter)
             except InvalidFilter as exc:
-                if "limit" in exc.details:
-                    metrics.limits_rejections_count.labels(exc.details["limit"]).inc()
+                metrics.record_limit_refusal(exc.details)
                 codes.append(rc.TOPIC_FILTER_INVALID if v5 else rc.SUBACK_FAILURE)
                 continue
             if shared is not None and options.no_local:

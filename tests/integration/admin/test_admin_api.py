@@ -218,6 +218,27 @@ async def test_http_publish_bad_input(api):
     assert_error(status, body, 422, "validation_failed", "payload")
 
 
+async def test_http_publish_topic_past_the_limits_is_refused_and_counted(api):
+    """Topics past 4,096 bytes or 128 levels (flowmq_core.limits) are refused in the envelope
+    and counted in limits_rejections_count; publishing goes on for everyone else."""
+
+    def counted() -> tuple[float, float]:
+        refused = metrics.limits_rejections_count
+        return refused.value("topic_bytes"), refused.value("topic_levels")
+
+    before = counted()
+    status, body = await api.call("POST", f"/api/v1/topics/{'x' * 4097}/messages", json={"payload": "x"})  # fmt: skip
+    assert_error(status, body, 422, "invalid_topic", "longer than")
+    levels = "/".join(["l"] * 129)
+    status, body = await api.call(
+        "POST", f"/api/v1/topics/{levels}/messages", json={"payload": "x"}
+    )
+    assert_error(status, body, 422, "invalid_topic", "levels")
+    assert counted() == (before[0] + 1, before[1] + 1)
+    status, body = await api.call("POST", f"/api/v1/topics/{'x' * 4096}/messages", json={"payload": "x"})  # fmt: skip
+    assert status == 200, body
+
+
 async def test_http_publish_into_a_queue_is_stored(api, broker):
     await api.call("POST", "/api/v1/queues", json={"name": "t", "topic_filter": "t/#"})
     status, body = await api.call("POST", "/api/v1/topics/t/1/messages", json={"payload": "x"})

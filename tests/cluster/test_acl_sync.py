@@ -11,39 +11,16 @@ import aiohttp
 import pytest
 
 from flowmq_broker.server import Broker
-from flowmq_core.config import BrokerConfig
-from tests.fixtures.inprocess import broker_config
+from tests.fixtures.inprocess import joined_pair
 from tests.integration.mqtt.conftest import Paho
 
 TOKEN = "t"
 
 
-def config(tmp_path, name: str, shared, seeds=()) -> BrokerConfig:
-    return broker_config(
-        tmp_path / name,
-        node_id=name,
-        token=TOKEN,
-        meta=f"sqlite:///{shared / 'meta.db'}",
-        objects=(shared / "objects").as_uri(),
-        seeds=list(seeds),
-        roles=["mqtt", "admin"],
-    )
-
-
 @pytest.fixture
 async def pair(tmp_path):
-    shared = tmp_path / "shared"
-    a = Broker(config(tmp_path, "a", shared))
-    await a.start()
-    b = Broker(config(tmp_path, "b", shared, [f"127.0.0.1:{a.ports['gossip']}"]))
-    await b.start()
-    deadline = time.monotonic() + 10
-    while len(a.gossip.members()) < 2 or len(b.gossip.members()) < 2:
-        assert time.monotonic() < deadline, "brokers did not join"
-        await asyncio.sleep(0.05)
-    yield a, b
-    await b.stop()
-    await a.stop()
+    async with joined_pair(tmp_path, ["mqtt", "admin"], TOKEN) as brokers:
+        yield brokers
 
 
 async def add_rule_through(broker: Broker, **rule: str) -> None:

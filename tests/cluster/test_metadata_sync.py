@@ -10,38 +10,15 @@ import pytest
 import flowmq_metrics as metrics
 from flowmq_broker.routing import Binding
 from flowmq_broker.server import IGNORE_EVENTS_ENV, Broker
-from flowmq_core.config import BrokerConfig
 from flowmq_meta.catalog import Destination
 from tests.fixtures.cluster import BrokerCluster, http, metric, wait_for
-from tests.fixtures.inprocess import broker_config
-
-
-def config(tmp_path, name: str, shared, seeds=()) -> BrokerConfig:
-    return broker_config(
-        tmp_path / name,
-        node_id=name,
-        token="t",
-        meta=f"sqlite:///{shared / 'meta.db'}",
-        objects=(shared / "objects").as_uri(),
-        seeds=list(seeds),
-        roles=["admin"],
-    )
+from tests.fixtures.inprocess import joined_pair
 
 
 @pytest.fixture
 async def pair(tmp_path):
-    shared = tmp_path / "shared"
-    a = Broker(config(tmp_path, "a", shared))
-    await a.start()
-    b = Broker(config(tmp_path, "b", shared, [f"127.0.0.1:{a.ports['gossip']}"]))
-    await b.start()
-    deadline = time.monotonic() + 10
-    while len(a.gossip.members()) < 2 or len(b.gossip.members()) < 2:
-        assert time.monotonic() < deadline, "brokers did not join"
-        await asyncio.sleep(0.05)
-    yield a, b
-    await b.stop()
-    await a.stop()
+    async with joined_pair(tmp_path, ["admin"], "t") as brokers:
+        yield brokers
 
 
 async def create_stream_on(broker: Broker, name: str) -> None:

@@ -49,6 +49,10 @@ class BrokerConfig:
     acl_default: str = ""
     # Kafka's auto.create.topics.enable: Metadata/Produce for an unknown topic creates it.
     kafka_auto_create_topics: bool = True
+    # Kafka's advertised.listeners host: the name Kafka clients are told to reach this broker
+    # at (Metadata, FindCoordinator). Empty: the address each client reached it on (for
+    # other brokers, the address gossip reaches them at). Set it behind NAT or port mapping.
+    advertised_host: str = ""
     log_level: str = "info"
     log_format: str = "text"  # text (human) or json (one JSON object per line)
     # aiohttp's access log of the HTTP API (one line per request, logger ``aiohttp.access``).

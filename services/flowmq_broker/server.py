@@ -364,7 +364,12 @@ class Broker(OperationsBackend):
         self.nodes_registry = NodeRegistry(
             self.meta,
             self.node_id,
-            {"roles": cfg.roles, "ports": self.ports, "version": flowmq_version()},
+            {
+                "roles": cfg.roles,
+                "ports": self.ports,
+                "version": flowmq_version(),
+                **({"advertised_host": cfg.advertised_host} if cfg.advertised_host else {}),
+            },
         )
         self.readiness = Readiness(self.node_id, self.meta, self.objects, self._cluster_state)
         self.group_admin = GroupAdmin(

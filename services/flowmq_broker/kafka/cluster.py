@@ -56,9 +56,11 @@ class ClusterView:
         node_id: str,
         node_table: Callable[[], Awaitable[list[dict[str, Any]]]],
         *,
+        advertised_host: str = "",
         refresh_s: float = REFRESH_S,
     ) -> None:
         self.node_id = node_id
+        self.advertised_host = advertised_host or None
         # The cluster nodes API's rows: live brokers and their ports.
         self.node_table = node_table
         self.local = KafkaNode(node_id, kafka_node_id(node_id), None, 0)
@@ -67,7 +69,9 @@ class ClusterView:
         self._refresh = PeriodicTask("kafka-cluster-view", refresh_s, self.refresh)
 
     def start(self, port: int) -> None:
-        self.local = KafkaNode(self.node_id, kafka_node_id(self.node_id), None, port)
+        self.local = KafkaNode(
+            self.node_id, kafka_node_id(self.node_id), self.advertised_host, port
+        )
         self._set([self.local])
         self._refresh.start()
 
@@ -93,9 +97,8 @@ class ClusterView:
                 continue
             name = node["node_id"]
             tls_port = int(node["ports"].get("kafka_tls") or 0)
-            found.append(
-                KafkaNode(name, kafka_node_id(name), node.get("host"), int(port), tls_port)
-            )
+            host = node.get("advertised_host") or node.get("host")
+            found.append(KafkaNode(name, kafka_node_id(name), host, int(port), tls_port))
         self._set(found)
 
     def owner(self, key: str) -> KafkaNode:

@@ -66,7 +66,9 @@ class KafkaServer:
         self.services = services
         self.max_request_size = max_request_size
         self.allow_anonymous = bool(services.config.allow_anonymous)  # resolved: never None
-        self.cluster = ClusterView(services.node_id, services.nodes)
+        self.cluster = ClusterView(
+            services.node_id, services.nodes, advertised_host=services.config.advertised_host
+        )
         self.tenants = Tenants(services, self._forget_topic)
         self.offsets = GroupOffsetStore(services.meta)
         self.producers = ProducerStates(services.meta)

@@ -75,3 +75,30 @@ def test_two_brokers_share_topics_partitions_and_groups(tmp_path) -> None:
     finally:
         second.stop()
         first.stop()
+
+
+def test_advertised_host_is_what_clients_are_told(tmp_path) -> None:
+    """Kafka's advertised.listeners: a broker with ``advertised_host`` is named by it in every
+    broker's Metadata; one without is named by the address the client used (or, for another
+    broker, its cluster address)."""
+    data_dir = tmp_path / "data"
+    plain = start_broker(data_dir)
+    advertised = start_broker(data_dir, "--advertised-host", "localhost")
+    try:
+        for entry in (plain, advertised):
+            admin = AdminClient(
+                {**confluent_conf(entry), "bootstrap.servers": f"127.0.0.1:{entry.ports['kafka']}"}
+            )
+
+            def hosts(admin=admin) -> dict[int, str]:
+                return {b.port: b.host for b in admin.list_topics(timeout=5).brokers.values()}
+
+            deadline = time.monotonic() + 15
+            while len(hosts()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            seen = hosts()
+            assert seen[advertised.ports["kafka"]] == "localhost"
+            assert seen[plain.ports["kafka"]] == "127.0.0.1"
+    finally:
+        advertised.stop()
+        plain.stop()

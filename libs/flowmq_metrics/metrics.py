@@ -22,6 +22,9 @@ _SIZE_BUCKETS = (
     float("inf"),
 )
 
+# Seconds, from a fsync-bound local write (sub-millisecond) to an S3 PUT under load.
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
 # --- routing engine -------------------------------------------------------------------
 broker_messages_published_count = Counter(
     "broker_messages_published_count",
@@ -156,11 +159,27 @@ kas3_segment_size = Histogram(
     buckets=_SIZE_BUCKETS,
     registry=REGISTRY,
 )
+kas3_flush_latency = Histogram(
+    "kas3_flush_latency",
+    "Seconds per shared flush, by stage: put (the segment object), commit (the meta "
+    "transaction that indexes it), total (intent, put and commit: the wait it adds to an ack).",
+    ("stage",),
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
 kas3_page_cache_hit_count = Counter("kas3_page_cache_hit_count", "Page-cache hits.")
 kas3_page_cache_miss_count = Counter("kas3_page_cache_miss_count", "Page-cache misses.")
 kas3_online_running_tasks = Gauge(
     "kas3_online_running_tasks",
     "Flush, fetch and maintenance tasks running now.",
+    registry=REGISTRY,
+)
+
+kafka_consumer_group_lag = Gauge(
+    "kafka_consumer_group_lag",
+    "Records not yet consumed by a consumer group (end offsets minus committed offsets, "
+    "summed over its partitions), exported by the group's coordinator.",
+    ("namespace", "group"),
     registry=REGISTRY,
 )
 

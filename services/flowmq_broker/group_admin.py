@@ -16,16 +16,22 @@ from typing import TYPE_CHECKING, Any
 
 from flowmq_core.errors import FlowMQError, NotFound
 from flowmq_core.message import now_ms
+from flowmq_core.periodic import PeriodicTask
 from flowmq_kas3.store import StreamStore
 from flowmq_meta.api import MetaStore
 from flowmq_meta.catalog import STREAM, Catalog
 from flowmq_meta.group_offsets import CommittedOffset, GroupOffsetStore
+from flowmq_metrics import kafka_consumer_group_lag
 
 if TYPE_CHECKING:
     from flowmq_broker.kafka.server import KafkaServer
 
 EARLIEST = "earliest"
 LATEST = "latest"
+# kafka_consumer_group_lag: how often the coordinator re-reads its groups' lag, and how many
+# groups one broker exports at most (a series per group: Prometheus cost stays bounded).
+LAG_EXPORT_S = 15.0
+MAX_EXPORTED_GROUPS = 1000
 
 
 class GroupConflict(FlowMQError):
@@ -54,14 +60,44 @@ class GroupAdmin:
         self._kafka = kafka
         self._nodes = nodes
         self._own_offsets = GroupOffsetStore(meta)
+        self._lag_export = PeriodicTask("consumer-lag-export", LAG_EXPORT_S, self.export_lag)
+        self._exported: set[tuple[str, str]] = set()
 
     @property
     def offsets(self) -> GroupOffsetStore:
         kafka = self._kafka()
         return kafka.offsets if kafka is not None else self._own_offsets
 
+    def start(self) -> None:
+        self._lag_export.start()
+
     async def close(self) -> None:
+        await self._lag_export.stop()
         await self._own_offsets.close()
+
+    async def export_lag(self) -> None:
+        """Set ``kafka_consumer_group_lag`` for the groups with committed offsets that this
+        broker coordinates — members or not: a group whose consumers are down is the one
+        whose lag grows — and drop the series of groups it no longer exports."""
+        kafka = self._kafka()
+        exported: set[tuple[str, str]] = set()
+        if kafka is not None:
+            for namespace in await self.catalog.list_namespaces():
+                ns = namespace["name"]
+                for group in await self.offsets.groups(ns):
+                    if len(exported) >= MAX_EXPORTED_GROUPS:
+                        break
+                    if not kafka.owns_group(group):
+                        continue
+                    try:
+                        lag = (await self.describe(ns, group))["lag"]
+                    except NotFound:  # its offsets went away meanwhile
+                        continue
+                    kafka_consumer_group_lag.labels(ns, group).set(lag)
+                    exported.add((ns, group))
+        for gone in self._exported - exported:
+            kafka_consumer_group_lag.remove(*gone)
+        self._exported = exported
 
     # --- views ------------------------------------------------------------------------------
 

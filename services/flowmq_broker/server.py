@@ -375,6 +375,7 @@ class Broker(OperationsBackend):
         self.group_admin = GroupAdmin(
             self.meta, self.catalog, self.streams, lambda: self.kafka, self.nodes
         )
+        self.group_admin.start()
         self.services = BrokerServices(
             config=cfg,
             node_id=self.node_id,

@@ -13,6 +13,7 @@ from flowmq_commit import GroupCommit, GroupCommitBatcher, IntentLost, collect_g
 from flowmq_commit.refs import ABANDON_GRACE_MS, INTENT, decode_listing, ref_count
 from flowmq_meta import MetaError, Transaction
 from flowmq_meta.keys import OBJECT_REFS, OBJECTS_TO_DELETE, SETTINGS
+from flowmq_metrics import REGISTRY
 from flowmq_objstore import ObjectStoreError
 from tests.fixtures.counting import CountingMetaStore, CountingObjectStore
 
@@ -119,6 +120,27 @@ async def test_one_put_and_one_transaction_per_flush_for_many_groups(
     assert await read_setting(meta, "399") == f"{key}|{results[399][1]}|{results[399][2]}".encode()
     # the object's reference count is the number of entries written, set in that same txn
     assert await meta.inner.transact(lambda tr: ref_count(tr, key)) == 400
+    await batcher.close()
+
+
+def flush_latency_count(stage: str) -> float:
+    return REGISTRY.get_sample_value("kas3_flush_latency_count", {"stage": stage}) or 0.0
+
+
+async def test_each_flush_is_timed_by_stage(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = await started_batcher(meta, objects)
+    before = {stage: flush_latency_count(stage) for stage in ("put", "commit", "total")}
+    total_sum = REGISTRY.get_sample_value("kas3_flush_latency_sum", {"stage": "total"}) or 0.0
+    await flushed_alone(batcher, "timed-1")
+    await flushed_alone(batcher, "timed-2")
+    assert {s: flush_latency_count(s) - n for s, n in before.items()} == {
+        "put": 2,
+        "commit": 2,
+        "total": 2,
+    }
+    assert REGISTRY.get_sample_value("kas3_flush_latency_sum", {"stage": "total"}) > total_sum
     await batcher.close()
 
 

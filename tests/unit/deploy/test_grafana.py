@@ -129,15 +129,15 @@ def test_a_panel_naming_a_metric_the_broker_does_not_export_is_reported():
     dashboard = load_dashboard()
     dashboard["panels"].append(
         {
-            "title": "Consumer lag",
-            "targets": [{"expr": "sum by (group) (kafka_consumer_group_lag)"}],
+            "title": "Partition skew",
+            "targets": [{"expr": "max by (stream) (kafka_partition_skew)"}],
         }
     )
     dashboard["panels"].append(
         {"title": "Bare histogram", "targets": [{"expr": "rate(kas3_segment_size[1m])"}]}
     )
     assert unknown_metrics(dashboard) == {
-        "Consumer lag": {"kafka_consumer_group_lag"},
+        "Partition skew": {"kafka_partition_skew"},
         "Bare histogram": {"kas3_segment_size"},
     }
 

@@ -23,7 +23,7 @@ from flowmq_commit.batcher import (
     default_flush_interval,
 )
 from flowmq_commit.clock import Clock
-from flowmq_commit.errors import BatcherClosed, CommitError, IntentLost
+from flowmq_commit.errors import BatcherClosed, CommitError, IntentLost, StoreUnavailable
 from flowmq_commit.gc import GcResult, collect_garbage
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "GroupCommit",
     "GroupCommitBatcher",
     "IntentLost",
+    "StoreUnavailable",
     "collect_garbage",
     "default_flush_interval",
 ]

@@ -23,6 +23,13 @@ Flush policy: while a flush is in flight, new chunks wait for the next one; a fl
 when the previous one is done and either the pending bytes reach ``size_threshold`` or the
 oldest pending chunk is ``flush_interval`` old.  Flushes run one at a time, so they commit in
 order.  Cost per chunk: one future, no task.
+
+Storage outages: a flush that the object or meta store fails, fails its chunks with
+``StoreUnavailable``; for ``outage_retry_s`` after it (doubling per consecutive failure, up
+to ``outage_retry_max_s``) new chunks are failed at once rather than queued behind the
+store's timeouts, so every protocol refuses durable writes fast (MQTT 0x80, Kafka
+``KAFKA_STORAGE_ERROR``, AMQP nack, HTTP 503); after the window the next flush probes the
+store, and the first one that commits ends the outage.
 """
 
 from __future__ import annotations
@@ -42,12 +49,12 @@ from typing import Any
 
 from flowmq_commit import refs
 from flowmq_commit.clock import Clock
-from flowmq_commit.errors import BatcherClosed
+from flowmq_commit.errors import BatcherClosed, StoreUnavailable
 from flowmq_commit.tasks import FaultHook, fault, running_task
 from flowmq_core.message import now_ms
-from flowmq_meta import MetaStore, Transaction
+from flowmq_meta import MetaError, MetaStore, Transaction
 from flowmq_metrics import kas3_flush_latency, kas3_segment_size
-from flowmq_objstore import ObjectStore
+from flowmq_objstore import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +94,10 @@ DEFAULT_FLUSH_INTERVAL = {"file": 0.003, "s3": 0.1}
 DEFAULT_INTENT_LEASE_MS = 10 * 60 * 1000
 DEFAULT_MAX_FLUSH_ITEMS = 10_000
 _RENEW_RETRY_S = 1.0
+DEFAULT_OUTAGE_RETRY_S = 0.5
+DEFAULT_OUTAGE_RETRY_MAX_S = 5.0
+# What a failing object or meta store raises (timeouts included).
+STORE_FAILURES = (ObjectStoreError, MetaError, OSError, TimeoutError)
 MAX_CHECKED_GROUPS = 100_000
 
 
@@ -154,6 +165,8 @@ class GroupCommitBatcher:
         key_prefix: str = "segments",
         clock: Clock = now_ms,
         faults: FaultHook | None = None,
+        outage_retry_s: float = DEFAULT_OUTAGE_RETRY_S,
+        outage_retry_max_s: float = DEFAULT_OUTAGE_RETRY_MAX_S,
     ) -> None:
         if size_threshold <= 0:
             raise ValueError("size_threshold must be positive")
@@ -188,6 +201,13 @@ class GroupCommitBatcher:
         self._abandoned: list[str] = []
         # Groups whose keys ``GroupCommit.check`` accepted (bounded; re-checked once cleared).
         self._checked: set[Hashable] = set()
+        # The current storage outage (None: none) and until when new chunks are refused.
+        self.outage_retry_s = outage_retry_s
+        self.outage_retry_max_s = outage_retry_max_s
+        self._outage: StoreUnavailable | None = None
+        self._outage_since = 0.0
+        self._refuse_until = 0.0
+        self._retry_s = outage_retry_s
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -212,6 +232,9 @@ class GroupCommitBatcher:
             # system call, which was 14 % of the event loop at one call per message.
             loop = task.get_loop()
         future: asyncio.Future[Any] = loop.create_future()
+        if self._outage is not None and loop.time() < self._refuse_until:
+            future.set_exception(self._outage)
+            return future
         self._pending.append(_Item(group, data, commit, ctx, future, loop.time()))
         self._pending_bytes += len(data)
         wakeup = self._wakeup
@@ -226,6 +249,40 @@ class GroupCommitBatcher:
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
+
+    @property
+    def outage(self) -> StoreUnavailable | None:
+        """Why durable writes are failing now (None: the last flush committed)."""
+        return self._outage
+
+    def _flush_failed(self, exc: BaseException) -> BaseException:
+        """Start or extend the outage window; what the flush's waiters get."""
+        if not isinstance(exc, STORE_FAILURES):
+            return exc  # a commit's own refusal, a lost intent: not the store
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self._outage is None:
+            self._outage_since = now
+            self._retry_s = self.outage_retry_s
+            log.warning(
+                "durable writes failing (%s); refusing new ones for %.1f s at a time "
+                "until a flush commits",
+                exc,
+                self._retry_s,
+            )
+        else:
+            self._retry_s = min(self._retry_s * 2, self.outage_retry_max_s)
+        outage = StoreUnavailable(f"durable storage unavailable: {exc}")
+        outage.__cause__ = exc
+        self._outage = outage
+        self._refuse_until = now + self._retry_s
+        return outage
+
+    def _flush_committed(self) -> None:
+        if self._outage is not None:
+            down = asyncio.get_running_loop().time() - self._outage_since
+            log.warning("durable writes recovered after %.1f s", down)
+            self._outage = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -374,7 +431,7 @@ class GroupCommitBatcher:
                 key = await self._ensure_intent()
             except Exception as exc:
                 self.stats.failed_flushes += 1
-                _fail(items, exc)
+                _fail(items, self._flush_failed(exc))
                 return
             runs, body = _layout(items)
             next_key = self._new_key()
@@ -397,9 +454,10 @@ class GroupCommitBatcher:
                 self._abandoned.append(key)
                 self._next_key = None
                 self.stats.failed_flushes += 1
-                _fail(items, exc)
+                _fail(items, self._flush_failed(exc))
                 return
             self._next_key, self._next_deadline = next_key, next_deadline
+            self._flush_committed()
             self.stats.flushes += 1
             self.stats.bytes += len(body)
             self.stats.chunks += len(items)

@@ -22,4 +22,12 @@ class BatcherClosed(CommitError):
     code = "kas3_batcher_closed"
 
 
-__all__ = ["BatcherClosed", "CommitError", "IntentLost"]
+class StoreUnavailable(CommitError):
+    """The object store or the meta store failed a flush: nothing of it was acknowledged.
+    For a short window after a failure, new writes get this at once instead of waiting for
+    the store's timeouts (DESIGN.md §13: fail fast, recover by itself); the cause is chained."""
+
+    code = "store_unavailable"
+
+
+__all__ = ["BatcherClosed", "CommitError", "IntentLost", "StoreUnavailable"]

@@ -26,6 +26,7 @@ STATUS_BY_CODE = {
     "payload_too_large": 413,
     "destination_unavailable": 503,
     "not_ready": 503,
+    "store_unavailable": 503,
 }
 
 

@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from flowmq_commit import GroupCommit, GroupCommitBatcher, IntentLost, collect_garbage
+from flowmq_commit import (
+    GroupCommit,
+    GroupCommitBatcher,
+    IntentLost,
+    StoreUnavailable,
+    collect_garbage,
+)
 from flowmq_commit.refs import ABANDON_GRACE_MS, INTENT, decode_listing, ref_count
 from flowmq_meta import MetaError, Transaction
 from flowmq_meta.keys import OBJECT_REFS, OBJECTS_TO_DELETE, SETTINGS
@@ -73,12 +79,14 @@ async def flushed_alone(batcher: GroupCommitBatcher, tag: str) -> str:
 async def assert_flush_fails(
     batcher: GroupCommitBatcher, meta: CountingMetaStore, error: type[Exception]
 ) -> None:
-    """A flush of chunks of several groups fails every one with ``error``; none is indexed."""
+    """A flush of chunks of several groups fails every one with ``StoreUnavailable`` caused
+    by the store's ``error``; none is indexed."""
     futures = [batcher.submit(i % 3, b"data", RECORDING, f"f{i}") for i in range(9)]
     await batcher.flush()
     for f in futures:
-        with pytest.raises(error):
+        with pytest.raises(StoreUnavailable) as caught:
             f.result()
+        assert isinstance(caught.value.__cause__, error)
     for i in range(9):
         assert await read_setting(meta, f"f{i}") is None
 
@@ -211,11 +219,45 @@ async def test_items_arriving_during_a_flush_wait_for_the_next(
 async def test_failed_put_fails_every_waiter_and_acknowledges_nothing(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
-    batcher = await started_batcher(meta, objects)
+    batcher = await started_batcher(meta, objects, outage_retry_s=0)
     objects.fail_puts = 1
     await assert_flush_fails(batcher, meta, ObjectStoreError)
-    # the batcher recovers: the next flush works
+    assert batcher.outage is not None
+    # the batcher recovers: the next flush works and ends the outage
     assert await flushed_alone(batcher, "ok")
+    assert batcher.outage is None
+    await batcher.close()
+
+
+async def test_after_a_store_failure_new_writes_fail_at_once_then_probe_again(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    """Fail fast (DESIGN.md §13): inside the window after a failed flush a write is refused
+    without touching the store; each further failure doubles the window up to its cap;
+    after the window the next flush probes the store and, once it commits, writes flow."""
+    retry_s = 0.3
+    batcher = await started_batcher(
+        meta, objects, outage_retry_s=retry_s, outage_retry_max_s=2 * retry_s
+    )
+    objects.fail_puts = 2
+    await assert_flush_fails(batcher, meta, ObjectStoreError)
+    puts = objects.puts
+    refused = batcher.submit("g", b"x", RECORDING, "refused")
+    assert refused.done() and isinstance(refused.exception(), StoreUnavailable)
+    assert objects.puts == puts and batcher.pending_bytes == 0
+
+    await asyncio.sleep(retry_s)  # the window is time itself
+    await assert_flush_fails(batcher, meta, ObjectStoreError)  # the probe fails: 2 x window
+    assert batcher.submit("g", b"x", RECORDING, "refused again").done()
+    await asyncio.sleep(retry_s)
+    assert batcher.submit("g", b"x", RECORDING, "still refused").done()
+    await asyncio.sleep(retry_s)
+    assert await flushed_alone(batcher, "ok")
+    assert batcher.outage is None
+    accepted = batcher.submit("g", b"y", RECORDING, "accepted")
+    assert not accepted.done()
+    await batcher.flush()
+    assert accepted.result()
     await batcher.close()
 
 
@@ -223,7 +265,7 @@ async def test_failed_transaction_fails_every_waiter_and_leaves_no_orphan(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
     now = [1_000_000_000]
-    batcher = await started_batcher(meta, objects, clock=lambda: now[0])
+    batcher = await started_batcher(meta, objects, clock=lambda: now[0], outage_retry_s=0)
     meta.fail_transactions = 1
     await assert_flush_fails(batcher, meta, MetaError)
     [orphan] = await objects.list()

@@ -14,6 +14,7 @@ messages and routed to those (never to ``T`` again).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from typing import Any
 
@@ -43,6 +44,7 @@ class _Part:
 
     __slots__ = (
         "batch",
+        "copies",
         "error",
         "future",
         "index",
@@ -65,6 +67,7 @@ class _Part:
         self.batch: ProducerBatch | None = None
         self.key: StateKey | None = None
         self.verdict: Verdict | None = None
+        self.copies = 0  # durable copies routed to other destinations matching its topic
 
     def fail(self, code: int, message: str | None = None) -> None:
         self.error = code
@@ -280,7 +283,9 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
                         part.future = verdict.duplicate
                     continue
             try:
-                routed.extend(_route_elsewhere(ctx, name, part, req.acks))
+                copies = _route_elsewhere(ctx, name, part, req.acks)
+                part.copies = len(copies)
+                routed.extend(copies)
             except InvalidRecordBatch as exc:
                 part.fail(ErrorCode.CORRUPT_MESSAGE, str(exc))
                 continue
@@ -323,7 +328,7 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
         try:
             results = g.result()
             _apply(plan, results[: len(waits)])
-            _log_routing_results(results[len(waits) :])
+            _fail_lost_copies(plan, results[len(waits) :])
             answer.set_result(_response(ctx, plan))
         except BaseException as exc:  # never leave the connection waiting
             answer.set_exception(exc)
@@ -420,6 +425,21 @@ def _route_elsewhere(ctx: RequestContext, name: str, part: _Part, acks: int) -> 
             return pending
         pending.extend(durable)
     return pending
+
+
+def _fail_lost_copies(plan: list[tuple[str, list[_Part]]], results: list[Any]) -> None:
+    """Acknowledge what is stored (DESIGN.md §13): a partition whose records reached its
+    stream but not every other destination matching its topic is answered with a storage
+    error, so the producer retries rather than trusting a copy that is not there."""
+    it = iter(results)
+    for _, parts in plan:
+        for part in parts:
+            failed = [r for r in itertools.islice(it, part.copies) if isinstance(r, BaseException)]
+            if failed and not part.error:
+                part.fail(
+                    ErrorCode.KAFKA_STORAGE_ERROR,
+                    f"not written to every destination matching the topic: {failed[0]}",
+                )
 
 
 def _log_routing_results(results: list[Any]) -> None:

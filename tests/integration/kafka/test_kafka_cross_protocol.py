@@ -113,3 +113,24 @@ def test_compressed_kafka_batches_are_decoded_for_mqtt(broker, uid) -> None:
     finally:
         client.loop_stop()
         client.disconnect()
+
+
+def test_a_produce_whose_copy_is_refused_is_not_acknowledged(broker, uid) -> None:
+    """Acknowledge what is stored (DESIGN.md §13): records that reach their Stream but not
+    a Queue matching the same topic (here: the Queue is full) get KAFKA_STORAGE_ERROR, so
+    the producer retries instead of trusting a copy that is not there."""
+    topic = f"full.copy.{uid}"
+    create(broker, topic)
+    admin_post(
+        broker,
+        "/api/v1/queues",
+        {"name": f"full-{uid}", "topic_filter": f"full/copy/{uid}", "max_size_mb": 1},
+    )
+    producer = ck.Producer(confluent_conf(broker, acks="all", linger_ms=0, retries=0))
+    reports: list = []
+    for _ in range(2):
+        producer.produce(topic, value=b"x" * 600_000, on_delivery=lambda e, m: reports.append(e))
+        assert producer.flush(15) == 0
+    first, second = reports
+    assert first is None
+    assert second is not None and second.code() == ck.KafkaError.KAFKA_STORAGE_ERROR

@@ -80,6 +80,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "log_format": "text (default) or json: one JSON object per log line",
         "mqtt_max_offline_bytes": "bytes of QoS 1/2 messages an offline persistent session "
         "keeps (default 64 MiB); past it publishes for it are refused (v5 0x97)",
+        "max_connections": "open connections per client listener (default 100000; 0: no "
+        "limit); past it new connections are closed at once",
+        "max_connections_per_address": "open connections from one client IP address, all "
+        "client listeners together (default 10000; 0: no limit)",
         "http_access_log": "true or false: log every HTTP API request (aiohttp's access log, "
         "logger aiohttp.access; default false)",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "

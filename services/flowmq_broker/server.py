@@ -21,6 +21,7 @@ import flowmq_metrics as metrics
 from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
 from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.group_admin import GroupAdmin
 from flowmq_broker.live import LiveViews
 from flowmq_broker.nodes import NodeRegistry
@@ -385,6 +386,9 @@ class Broker(OperationsBackend):
             cluster=self.cluster,
             nodes=self.nodes,
             metadata_changed=self.metadata_changed,
+            connection_limits=ConnectionLimits(
+                cfg.max_connections, cfg.max_connections_per_address
+            ),
         )
         for role in cfg.roles:
             if role in PROTOCOL_ADAPTERS:

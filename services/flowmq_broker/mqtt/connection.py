@@ -120,6 +120,8 @@ class MqttConnection(asyncio.Protocol):
 
     # --- transport --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self.server.connection_limits.admit(self, transport):
+            return  # closed at once: nothing can be answered before CONNECT
         self.transport = transport  # type: ignore[assignment]
         # pause_writing() then tells us cheaply when the socket buffer passes the drop mark.
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
@@ -251,6 +253,7 @@ class MqttConnection(asyncio.Protocol):
         self.disconnect(exc.reason_code, exc.message)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connection_limits.release(self)
         self.closing = True
         self.transport = None
         self._out.clear()

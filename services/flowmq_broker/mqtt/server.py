@@ -15,6 +15,7 @@ from typing import Any
 
 import flowmq_metrics as metrics
 from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.listeners import listen
 from flowmq_broker.mqtt.connection import MqttConnection
 from flowmq_broker.mqtt.metrics import mqtt_metrics
@@ -73,6 +74,7 @@ class MqttServer:
         offline: OfflineStore | None = None,
         cluster: ClusterRouting | None = None,
         authorizer: Authorizer | None = None,
+        connection_limits: ConnectionLimits | None = None,
     ) -> None:
         self.router = router
         # Sessions, routes and retained messages on other nodes (None: a broker alone).
@@ -95,6 +97,8 @@ class MqttServer:
         self.authorizer = authorizer if authorizer is not None else Authorizer()
         self.authorizer.listeners.append(self._acls_changed)
         self.connections: set[SessionConnection] = set()
+        # Shared with the broker's other client listeners (alone: no limits).
+        self.connection_limits = connection_limits or ConnectionLimits()
         self._server: asyncio.base_events.Server | None = None
         # The TLS listener (start_tls), serving the same connections over TLS.
         self._tls_server: asyncio.base_events.Server | None = None
@@ -131,6 +135,7 @@ class MqttServer:
             offline=OfflineStore(services.queues.engine, services.queues.session_options),
             cluster=services.cluster,
             authorizer=services.authorizer,
+            connection_limits=services.connection_limits,
         )
 
     # --- life cycle ---------------------------------------------------------------------

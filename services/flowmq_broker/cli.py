@@ -80,6 +80,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "log_format": "text (default) or json: one JSON object per log line",
         "mqtt_max_offline_bytes": "bytes of QoS 1/2 messages an offline persistent session "
         "keeps (default 64 MiB); past it publishes for it are refused (v5 0x97)",
+        "mqtt_max_subscriptions": "subscriptions one MQTT session may hold (default 10000; "
+        "0: no limit); past it SUBACK 0x97 / 0x80",
         "max_connections": "open connections per client listener (default 100000; 0: no "
         "limit); past it new connections are closed at once",
         "max_connections_per_address": "open connections from one client IP address, all "

@@ -966,6 +966,7 @@ class MqttConnection(asyncio.Protocol):
             identifier = identifier[0] if identifier else None
         codes: list[int] = []
         retained_to_send: list[tuple[Message, Subscription]] = []
+        over_quota = 0
         for topic_filter, options in p.subscriptions:
             try:
                 validate_subscription_filter(topic_filter)
@@ -988,6 +989,10 @@ class MqttConnection(asyncio.Protocol):
                 codes.append(rc.NOT_AUTHORIZED if v5 else rc.SUBACK_FAILURE)
                 continue
             existed = topic_filter in session.subscriptions
+            if not existed and len(session.subscriptions) >= server.max_subscriptions:
+                over_quota += 1  # a new filter past mqtt_max_subscriptions; replacing is fine
+                codes.append(rc.QUOTA_EXCEEDED if v5 else rc.SUBACK_FAILURE)
+                continue
             sub = Subscription(inner, options, identifier, shared.group if shared else None)
             if existed:
                 server.unbind(session, session.subscriptions[topic_filter])
@@ -1002,6 +1007,8 @@ class MqttConnection(asyncio.Protocol):
                 retained_to_send.extend(
                     (m, sub) for m in server.retained.matching(self.namespace, inner)
                 )
+        if over_quota:
+            self._subscriptions_refused(over_quota)
         server.update_subscription_gauge()
         if session.persistent():
             self._loop.create_task(self._log_failure(server.save_session(session)))
@@ -1024,6 +1031,16 @@ class MqttConnection(asyncio.Protocol):
                 self.transport.resume_reading()
 
         routed.add_done_callback(routes_out)
+
+    def _subscriptions_refused(self, count: int) -> None:
+        metrics.limits_rejections_count.labels("subscriptions").inc(count)
+        log.info(
+            "mqtt %s: %d filter(s) refused: the session holds %d subscriptions "
+            "(mqtt_max_subscriptions)",
+            self.client_id,
+            count,
+            self.server.max_subscriptions,
+        )
 
     def _finish_subscribe(
         self,

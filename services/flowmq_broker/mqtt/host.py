@@ -31,6 +31,7 @@ class ConnectionHost(Protocol):
     # --- settings and collaborators
     max_packet_size: int
     max_keep_alive: int
+    max_subscriptions: int  # per session (mqtt_max_subscriptions)
     allow_anonymous: bool
     users: UserDirectory
     authorizer: Authorizer  # the broker's ACLs (flowmq_core.acl)

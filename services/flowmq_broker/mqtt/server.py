@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import json
 import logging
+import sys
 from typing import Any
 
 import flowmq_metrics as metrics
@@ -71,6 +72,7 @@ class MqttServer:
         allow_anonymous: bool = True,
         max_packet_size: int = 1024 * 1024,
         max_keep_alive: int = 65535,
+        max_subscriptions: int = 0,
         offline: OfflineStore | None = None,
         cluster: ClusterRouting | None = None,
         authorizer: Authorizer | None = None,
@@ -86,6 +88,7 @@ class MqttServer:
         self.allow_anonymous = allow_anonymous
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive
+        self.max_subscriptions = max_subscriptions or sys.maxsize  # per session; 0: no limit
         self.retained = RetainedStore(meta, objects)
         # Durable store for offline persistent sessions (else their queue is in memory).
         self.offline = offline
@@ -132,6 +135,7 @@ class MqttServer:
             host=services.config.bind,
             allow_anonymous=bool(services.config.allow_anonymous),
             max_keep_alive=services.config.mqtt_max_keep_alive,
+            max_subscriptions=services.config.mqtt_max_subscriptions,
             offline=OfflineStore(services.queues.engine, services.queues.session_options),
             cluster=services.cluster,
             authorizer=services.authorizer,

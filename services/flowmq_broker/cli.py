@@ -82,6 +82,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "keeps (default 64 MiB); past it publishes for it are refused (v5 0x97)",
         "mqtt_max_subscriptions": "subscriptions one MQTT session may hold (default 10000; "
         "0: no limit); past it SUBACK 0x97 / 0x80",
+        "mqtt_max_session_expiry": "longest MQTT session expiry granted, seconds (default "
+        "604800, 7 days; also for 3.1.1 persistent sessions; 0: sessions end with their "
+        "connection; 4294967295: no cap)",
         "max_connections": "open connections per client listener (default 100000; 0: no "
         "limit); past it new connections are closed at once",
         "max_connections_per_address": "open connections from one client IP address, all "

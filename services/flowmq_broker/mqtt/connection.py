@@ -509,6 +509,7 @@ class MqttConnection(asyncio.Protocol):
             self.client_alias_maximum = props.get("topic_alias_maximum", 0)
         else:
             expiry = 0 if p.clean_start else NEVER_EXPIRES
+        expiry = self._capped_expiry(expiry)
 
         server = self.server
         key = (self.namespace, client_id)
@@ -527,6 +528,21 @@ class MqttConnection(asyncio.Protocol):
             self._loop.create_task(self._connect_later(p, expiry, assigned, fetch))
             return
         self._attach_session(p, expiry, assigned)
+
+    def _capped_expiry(self, expiry: int) -> int:
+        """``expiry`` within ``mqtt_max_session_expiry``; a v5 request lowered is counted."""
+        cap = self.server.max_session_expiry
+        if expiry <= cap:
+            return expiry
+        if self.level == 5:
+            metrics.limits_rejections_count.labels("session_expiry").inc()
+            log.info(
+                "mqtt %s: session expiry %d s lowered to %d s (mqtt_max_session_expiry)",
+                self.client_id,
+                expiry,
+                cap,
+            )
+        return cap
 
     async def _connect_later(
         self, p: Connect, expiry: int, assigned: str | None, fetch: bool
@@ -602,6 +618,8 @@ class MqttConnection(asyncio.Protocol):
             }
             if assigned:
                 ack_props["assigned_client_identifier"] = assigned
+            if expiry != p.properties.get("session_expiry_interval", 0):  # MQTT-3.2.2.3.2
+                ack_props["session_expiry_interval"] = expiry
             if server_keep_alive is not None:
                 ack_props["server_keep_alive"] = server_keep_alive
         self.send(Connack(session_present, rc.SUCCESS, ack_props))
@@ -1087,7 +1105,7 @@ class MqttConnection(asyncio.Protocol):
                         rc.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 at CONNECT"
                     )
                     return
-                session.expiry_interval = expiry
+                session.expiry_interval = self._capped_expiry(expiry)
         else:
             self.will = None
         self.close()

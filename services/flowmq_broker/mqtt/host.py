@@ -32,6 +32,7 @@ class ConnectionHost(Protocol):
     max_packet_size: int
     max_keep_alive: int
     max_subscriptions: int  # per session (mqtt_max_subscriptions)
+    max_session_expiry: int  # seconds (mqtt_max_session_expiry; NEVER_EXPIRES: no cap)
     allow_anonymous: bool
     users: UserDirectory
     authorizer: Authorizer  # the broker's ACLs (flowmq_core.acl)

@@ -73,6 +73,7 @@ class MqttServer:
         max_packet_size: int = 1024 * 1024,
         max_keep_alive: int = 65535,
         max_subscriptions: int = 0,
+        max_session_expiry: int = NEVER_EXPIRES,
         offline: OfflineStore | None = None,
         cluster: ClusterRouting | None = None,
         authorizer: Authorizer | None = None,
@@ -89,6 +90,9 @@ class MqttServer:
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive
         self.max_subscriptions = max_subscriptions or sys.maxsize  # per session; 0: no limit
+        # The longest session expiry granted, seconds (NEVER_EXPIRES: no cap): v5 requests
+        # above it are lowered, and 3.1.1 persistent sessions (which ask for "never") get it.
+        self.max_session_expiry = max_session_expiry
         self.retained = RetainedStore(meta, objects)
         # Durable store for offline persistent sessions (else their queue is in memory).
         self.offline = offline
@@ -136,6 +140,7 @@ class MqttServer:
             allow_anonymous=bool(services.config.allow_anonymous),
             max_keep_alive=services.config.mqtt_max_keep_alive,
             max_subscriptions=services.config.mqtt_max_subscriptions,
+            max_session_expiry=services.config.mqtt_max_session_expiry,
             offline=OfflineStore(services.queues.engine, services.queues.session_options),
             cluster=services.cluster,
             authorizer=services.authorizer,
@@ -337,7 +342,9 @@ class MqttServer:
             self.bind(session, sub)
         self.revoke_denied(session)  # the rules may have changed while no broker held it
         self.sessions[(session.namespace, session.client_id)] = session
-        if session.expiry_interval not in (0, NEVER_EXPIRES):
+        # Stored before the cap was set or lowered (3.1.1 sessions asked for "never"): capped.
+        session.expiry_interval = min(session.expiry_interval, self.max_session_expiry)
+        if session.expiry_interval != NEVER_EXPIRES:
             session.expiry_handle = asyncio.get_running_loop().call_later(
                 session.expiry_interval, self.expire, session
             )

@@ -85,6 +85,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "mqtt_max_session_expiry": "longest MQTT session expiry granted, seconds (default "
         "604800, 7 days; also for 3.1.1 persistent sessions; 0: sessions end with their "
         "connection; 4294967295: no cap)",
+        "mqtt_max_retained_messages": "retained messages per namespace (default 1000000; 0: "
+        "no limit); new retained topics past it are not retained (v5 QoS 1/2: 0x97)",
+        "mqtt_max_retained_bytes": "payload bytes of retained messages per namespace "
+        "(default 1 GiB; 0: no limit)",
         "max_connections": "open connections per client listener (default 100000; 0: no "
         "limit); past it new connections are closed at once",
         "max_connections_per_address": "open connections from one client IP address, all "

@@ -37,6 +37,7 @@ from flowmq_cluster.auth import check_bind
 from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_core.acl import Authorizer
 from flowmq_core.config import BrokerConfig, ConfigError, is_loopback
+from flowmq_core.errors import QuotaExceeded
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_core.version import flowmq_version
@@ -203,7 +204,10 @@ class Broker(OperationsBackend):
         pending: list[Any] = []
         for message in messages:
             if message.retain and self.mqtt is not None:
-                await self.mqtt.retained.set(namespace, message)
+                try:
+                    await self.mqtt.retained.set(namespace, message)
+                except QuotaExceeded:
+                    pass  # as an MQTT QoS 0 publish: delivered, not retained (counted, logged)
             bindings, durable = self.router.dispatch(namespace, message)
             routed.append(bindings)
             pending.extend(durable)

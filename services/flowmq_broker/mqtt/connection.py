@@ -28,7 +28,7 @@ from flowmq_broker.mqtt.session import (
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.acl import Access
 from flowmq_core.audit import audit_log
-from flowmq_core.errors import InvalidFilter
+from flowmq_core.errors import InvalidFilter, QuotaExceeded
 from flowmq_core.limits import (
     MAX_CLIENT_ID_BYTES,
     MAX_TOPIC_LEVELS,
@@ -315,7 +315,12 @@ class MqttConnection(asyncio.Protocol):
     def server_publish(self, namespace: str, message: Message) -> None:
         """Publish on the broker's behalf (will messages): no acknowledgement to wait for."""
         if message.retain:
-            self._loop.create_task(self._log_failure(self.server.retained.set(namespace, message)))
+            try:
+                retained = self.server.retained.set(namespace, message)
+            except QuotaExceeded:
+                pass  # delivered, not retained
+            else:
+                self._loop.create_task(self._log_failure(retained))
         try:
             _, pending = self.server.router.dispatch(namespace, message)
         except DestinationUnavailable as exc:
@@ -716,8 +721,17 @@ class MqttConnection(asyncio.Protocol):
         message = self._message_from(topic, p.payload, qos, p.retain, props, self.client_id)
         pending: list[Any] = []
         if p.retain:
-            retained = self.server.retained.set(namespace, message)
-            if qos:
+            try:
+                retained = self.server.retained.set(namespace, message)
+            except QuotaExceeded as exc:
+                if qos and self.level == 5:  # refused, not delivered: the publisher is told
+                    ack = Puback if qos == 1 else Pubrec
+                    self._queue_ack([], ack, packet_id, rc.QUOTA_EXCEEDED, str(exc))
+                    return
+                retained = None  # QoS 0 and 3.1.1 cannot be told: delivered, not retained
+            if retained is None:
+                pass
+            elif qos:
                 pending.append(retained)
             else:
                 self._loop.create_task(self._log_failure(retained))

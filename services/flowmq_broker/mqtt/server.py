@@ -74,6 +74,8 @@ class MqttServer:
         max_keep_alive: int = 65535,
         max_subscriptions: int = 0,
         max_session_expiry: int = NEVER_EXPIRES,
+        max_retained_messages: int = 0,
+        max_retained_bytes: int = 0,
         offline: OfflineStore | None = None,
         cluster: ClusterRouting | None = None,
         authorizer: Authorizer | None = None,
@@ -93,7 +95,7 @@ class MqttServer:
         # The longest session expiry granted, seconds (NEVER_EXPIRES: no cap): v5 requests
         # above it are lowered, and 3.1.1 persistent sessions (which ask for "never") get it.
         self.max_session_expiry = max_session_expiry
-        self.retained = RetainedStore(meta, objects)
+        self.retained = RetainedStore(meta, objects, max_retained_messages, max_retained_bytes)
         # Durable store for offline persistent sessions (else their queue is in memory).
         self.offline = offline
         self.sessions: dict[tuple[str, str], Session] = {}
@@ -141,6 +143,8 @@ class MqttServer:
             max_keep_alive=services.config.mqtt_max_keep_alive,
             max_subscriptions=services.config.mqtt_max_subscriptions,
             max_session_expiry=services.config.mqtt_max_session_expiry,
+            max_retained_messages=services.config.mqtt_max_retained_messages,
+            max_retained_bytes=services.config.mqtt_max_retained_bytes,
             offline=OfflineStore(services.queues.engine, services.queues.session_options),
             cluster=services.cluster,
             authorizer=services.authorizer,

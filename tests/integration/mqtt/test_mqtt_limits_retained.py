@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 
 from flowmq_wire.mqtt.packets import Publish
-from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.broker_process import BrokerProcess
 
-from .conftest import ROLES, RawClient, roundtrip, scrape
+from .conftest import RawClient, broker_with, rejections, roundtrip
 
 MAX_MESSAGES = 3
 MAX_BYTES = 3000
@@ -21,27 +21,27 @@ MAX_BYTES = 3000
 
 @pytest.fixture
 def retained_capped_broker(tmp_path) -> Iterator[BrokerProcess]:
-    proc = start_broker(
+    yield from broker_with(
         tmp_path / "data",
-        *ROLES,
         "--mqtt-max-retained-messages",
         str(MAX_MESSAGES),
         "--mqtt-max-retained-bytes",
         str(MAX_BYTES),
     )
-    yield proc
-    proc.stop()
 
 
-def _rejections(broker: BrokerProcess, limit: str) -> float:
-    return scrape(broker.http).get(f'limits_rejections_count{{limit="{limit}"}}', 0.0)
+def _client(port: int, level: int, topic_filter: str | None = None) -> RawClient:
+    """A connected client of MQTT ``level``, subscribed to ``topic_filter`` if given."""
+    c = RawClient(port, level)
+    c.connect("")
+    if topic_filter is not None:
+        c.subscribe(topic_filter)
+    return c
 
 
 def _retained(port: int, topic_filter: str) -> dict[str, bytes]:
     """What a new subscriber to ``topic_filter`` is sent as retained."""
-    c = RawClient(port, 5)
-    c.connect("retained-reader")
-    c.subscribe(topic_filter)
+    c = _client(port, 5, topic_filter)
     got = {}
     try:
         while True:
@@ -57,12 +57,7 @@ def _retained(port: int, topic_filter: str) -> dict[str, bytes]:
 def test_new_retained_topics_past_the_count_are_not_retained(retained_capped_broker):
     broker = retained_capped_broker
     port = broker.ports["mqtt"]
-    live = RawClient(port, 5)
-    live.connect("live")
-    live.subscribe("r/#")
-    pub, pub4 = RawClient(port, 5), RawClient(port, 4)
-    pub.connect("pub")
-    pub4.connect("pub4")
+    live, pub, pub4 = _client(port, 5, "r/#"), _client(port, 5), _client(port, 4)
     for i in (1, 2, 3):
         assert pub.publish(f"r/{i}", b"kept", 1, retain=True).reason_code == 0
     assert [live.expect(Publish).topic for _ in range(3)] == ["r/1", "r/2", "r/3"]
@@ -73,7 +68,7 @@ def test_new_retained_topics_past_the_count_are_not_retained(retained_capped_bro
     pub.publish("r/5", b"live only", 0, retain=True)
     assert pub4.publish("r/6", b"live only", 1, retain=True).reason_code == 0
     assert sorted(live.expect(Publish).topic for _ in range(2)) == ["r/5", "r/6"]
-    assert _rejections(broker, "retained_messages") == 3
+    assert rejections(broker, "retained_messages") == 3
     # Replacing and clearing always work; a cleared topic makes room.
     assert pub.publish("r/1", b"replaced", 1, retain=True).reason_code == 0
     assert pub.publish("r/2", b"", 1, retain=True).reason_code == 0
@@ -91,15 +86,11 @@ def test_new_retained_topics_past_the_count_are_not_retained(retained_capped_bro
 def test_new_retained_topics_past_the_bytes_are_not_retained(retained_capped_broker):
     broker = retained_capped_broker
     port = broker.ports["mqtt"]
-    live = RawClient(port, 5)
-    live.connect("live")
-    live.subscribe("b/#")
-    pub = RawClient(port, 5)
-    pub.connect("pub")
+    live, pub = _client(port, 5, "b/#"), _client(port, 5)
     assert pub.publish("b/1", b"x" * 2000, 1, retain=True).reason_code == 0
     assert pub.publish("b/2", b"x" * 1001, 1, retain=True).reason_code == 0x97
     assert pub.publish("b/3", b"x" * 1000, 1, retain=True).reason_code == 0  # exactly full
-    assert _rejections(broker, "retained_bytes") == 1
+    assert rejections(broker, "retained_bytes") == 1
     # A retained topic may always be replaced, even by a larger payload.
     assert pub.publish("b/1", b"y" * 2500, 1, retain=True).reason_code == 0
     assert _retained(port, "b/#") == {"b/1": b"y" * 2500, "b/3": b"x" * 1000}

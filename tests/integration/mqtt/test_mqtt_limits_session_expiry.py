@@ -11,27 +11,17 @@ from collections.abc import Iterator
 import pytest
 
 from flowmq_wire.mqtt.packets import SubscriptionOptions
-from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.broker_process import BrokerProcess
 
-from .conftest import ROLES, RawClient, http, roundtrip, scrape, wait_until
+from .conftest import RawClient, broker_with, http, rejections, roundtrip, wait_until
 
 CAP = 2  # seconds
 
 
 @pytest.fixture(scope="module")
 def capped_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
-    proc = start_broker(
-        tmp_path_factory.mktemp("expiry-cap") / "data",
-        *ROLES,
-        "--mqtt-max-session-expiry",
-        str(CAP),
-    )
-    yield proc
-    proc.stop()
-
-
-def _lowered(broker: BrokerProcess) -> float:
-    return scrape(broker.http).get('limits_rejections_count{limit="session_expiry"}', 0.0)
+    data_dir = tmp_path_factory.mktemp("expiry-cap") / "data"
+    yield from broker_with(data_dir, "--mqtt-max-session-expiry", str(CAP))
 
 
 def _has_session(broker: BrokerProcess, client_id: str) -> bool:
@@ -45,12 +35,12 @@ def _has_session(broker: BrokerProcess, client_id: str) -> bool:
     ("asked", "told"), [(3600, CAP), (0xFFFFFFFF, CAP), (CAP, None), (None, None)]
 )
 def test_connack_tells_a_v5_client_the_capped_expiry(capped_broker, uid, asked, told):
-    before = _lowered(capped_broker)
+    before = rejections(capped_broker, "session_expiry")
     c = RawClient(capped_broker.ports["mqtt"], 5)
     props = {} if asked is None else {"session_expiry_interval": asked}
     ack = c.connect(f"cap-{uid}", clean_start=False, properties=props)
     assert ack.properties.get("session_expiry_interval") == told
-    assert _lowered(capped_broker) == before + (told is not None)
+    assert rejections(capped_broker, "session_expiry") == before + (told is not None)
     c.close()
 
 

@@ -10,27 +10,17 @@ from collections.abc import Iterator
 import pytest
 
 from flowmq_wire.mqtt.packets import Publish, SubscriptionOptions, Unsuback, Unsubscribe
-from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.broker_process import BrokerProcess
 
-from .conftest import ROLES, RawClient, roundtrip, scrape
+from .conftest import RawClient, broker_with, rejections, roundtrip
 
 LIMIT = 3
 
 
 @pytest.fixture(scope="module")
 def few_subscriptions_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
-    proc = start_broker(
-        tmp_path_factory.mktemp("subscriptions") / "data",
-        *ROLES,
-        "--mqtt-max-subscriptions",
-        str(LIMIT),
-    )
-    yield proc
-    proc.stop()
-
-
-def _rejections(broker: BrokerProcess) -> float:
-    return scrape(broker.http).get('limits_rejections_count{limit="subscriptions"}', 0.0)
+    data_dir = tmp_path_factory.mktemp("subscriptions") / "data"
+    yield from broker_with(data_dir, "--mqtt-max-subscriptions", str(LIMIT))
 
 
 @pytest.mark.parametrize(("level", "code"), [(5, 0x97), (4, 0x80)])
@@ -40,7 +30,7 @@ def test_subscriptions_past_the_limit_are_refused(few_subscriptions_broker, uid,
     bystander = RawClient(port, 5)
     bystander.connect(f"bystander-{uid}")
     assert bystander.subscribe(*(f"b{i}/{uid}" for i in range(LIMIT))) == [0] * LIMIT
-    before = _rejections(broker)
+    before = rejections(broker, "subscriptions")
     c = RawClient(port, level)
     c.connect(f"many-{uid}")
     assert c.subscribe(f"a/{uid}", f"b/{uid}") == [0, 0]
@@ -48,7 +38,7 @@ def test_subscriptions_past_the_limit_are_refused(few_subscriptions_broker, uid,
     # One more fits; then only re-subscribing an existing filter is granted.
     got = c.subscribe(f"c/{uid}", f"d/{uid}", (f"a/{uid}", qos1), f"e/{uid}")
     assert got == [0, code, 1, code]
-    assert _rejections(broker) == before + 2
+    assert rejections(broker, "subscriptions") == before + 2
     # What was granted is delivered; what was refused is not.
     for topic in (f"a/{uid}", f"d/{uid}"):
         bystander.publish(topic, topic.encode(), 1)

@@ -729,12 +729,11 @@ class MqttConnection(asyncio.Protocol):
                     self._queue_ack([], ack, packet_id, rc.QUOTA_EXCEEDED, str(exc))
                     return
                 retained = None  # QoS 0 and 3.1.1 cannot be told: delivered, not retained
-            if retained is None:
-                pass
-            elif qos:
-                pending.append(retained)
-            else:
-                self._loop.create_task(self._log_failure(retained))
+            if retained is not None:
+                if qos:
+                    pending.append(retained)
+                else:
+                    self._loop.create_task(self._log_failure(retained))
         try:
             bindings, durable = self.server.router.dispatch(namespace, message)
         except DestinationUnavailable as exc:

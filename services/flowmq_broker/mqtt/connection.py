@@ -1112,7 +1112,8 @@ class MqttConnection(asyncio.Protocol):
                 self.will = None
             expiry = p.properties.get("session_expiry_interval")
             if expiry is not None and session is not None:
-                if session.expiry_interval == 0 and expiry != 0:
+                # (With mqtt_max_session_expiry 0 every session has 0, whatever was asked.)
+                if session.expiry_interval == 0 and expiry != 0 and self.server.max_session_expiry:
                     self.will = None
                     self.disconnect(
                         rc.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 at CONNECT"

@@ -38,7 +38,15 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.connections + 1000), hard))
 
     with tempfile.TemporaryDirectory() as tmp:
-        broker = start_broker(Path(tmp) / "data", "--roles", "mqtt,admin")
+        # All its clients come from 127.0.0.1: lift the per-address limit above their number.
+        per_address = str(args.connections + 1000)
+        broker = start_broker(
+            Path(tmp) / "data",
+            "--roles",
+            "mqtt,admin",
+            "--max-connections-per-address",
+            per_address,
+        )
         try:
             port = broker.ports["mqtt"]
             time.sleep(1.0)  # let start-up garbage settle before the idle reading

@@ -63,6 +63,25 @@ class BrokerConfig:
     # Bytes of QoS 1/2 messages an offline persistent session keeps (its durable queue);
     # past it a publish for that session is refused (v5 PUBACK 0x97; 3.1.1: disconnect).
     mqtt_max_offline_bytes: int = 64 * 1024 * 1024
+    # Subscriptions one MQTT session may hold; a SUBSCRIBE adding more gets SUBACK 0x97
+    # (v5) / 0x80 (3.1.1) for the filters past it. 0: no limit.
+    mqtt_max_subscriptions: int = 10_000
+    # Longest session expiry, seconds, the broker grants (v5 Session Expiry Interval, told
+    # in CONNACK when capped; 3.1.1 clean session 0, which asks for "never"): a session
+    # whose client stays away longer is removed with its stored messages. 0: sessions end
+    # with their connection; 4294967295: no cap (sessions may never expire).
+    mqtt_max_session_expiry: int = 7 * 24 * 3600
+    # Retained messages per namespace, count and payload bytes; a new retained topic past
+    # either is not retained (v5 QoS 1/2: PUBACK/PUBREC 0x97, not delivered). Replacing or
+    # clearing a retained topic is always allowed. 0: no limit.
+    mqtt_max_retained_messages: int = 1_000_000
+    mqtt_max_retained_bytes: int = 1024 * 1024 * 1024
+    # Open connections per client listener (MQTT TCP/TLS/WebSocket, Kafka, AMQP; not HTTP)
+    # and per client IP address over all of them; past either a new connection is closed at
+    # once. Behind a proxy or NAT every client has the proxy's address: raise the second.
+    # 0: no limit.
+    max_connections: int = 100_000
+    max_connections_per_address: int = 10_000
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.
@@ -148,6 +167,14 @@ class BrokerConfig:
             ) from None
         if self.cluster_secret and self.cluster_secret_file:
             raise ConfigError("set cluster_secret or cluster_secret_file, not both")
+        for name in _COUNT_LIMITS:
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be 0 (no limit) or more; got {getattr(self, name)}")
+        if not 0 <= self.mqtt_max_session_expiry <= 0xFFFFFFFF:
+            raise ConfigError(
+                f"mqtt_max_session_expiry must be 0..4294967295 seconds; "
+                f"got {self.mqtt_max_session_expiry}"
+            )
 
     def read_cluster_secret(self) -> str:
         """The cluster secret: ``cluster_secret``, else the stripped content of
@@ -164,6 +191,16 @@ class BrokerConfig:
         if not secret:
             raise ConfigError(f"cluster_secret_file {self.cluster_secret_file} is empty")
         return secret
+
+
+# Limits counted in connections, subscriptions, messages or bytes: 0 is "no limit".
+_COUNT_LIMITS = (
+    "mqtt_max_subscriptions",
+    "mqtt_max_retained_messages",
+    "mqtt_max_retained_bytes",
+    "max_connections",
+    "max_connections_per_address",
+)
 
 
 def is_loopback(host: str) -> bool:

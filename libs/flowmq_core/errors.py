@@ -47,6 +47,13 @@ class NameCollision(FlowMQError):
     code = "name_collision"
 
 
+class QuotaExceeded(FlowMQError):
+    """Something a client adds would pass a limit of what may be held (DESIGN.md §13);
+    ``details["limit"]`` names it (the ``limits_rejections_count`` label)."""
+
+    code = "quota_exceeded"
+
+
 class NotFound(FlowMQError):
     code = "not_found"
 
@@ -63,4 +70,5 @@ __all__ = [
     "InvalidTopic",
     "NameCollision",
     "NotFound",
+    "QuotaExceeded",
 ]

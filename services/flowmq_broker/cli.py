@@ -80,6 +80,19 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "log_format": "text (default) or json: one JSON object per log line",
         "mqtt_max_offline_bytes": "bytes of QoS 1/2 messages an offline persistent session "
         "keeps (default 64 MiB); past it publishes for it are refused (v5 0x97)",
+        "mqtt_max_subscriptions": "subscriptions one MQTT session may hold (default 10000; "
+        "0: no limit); past it SUBACK 0x97 / 0x80",
+        "mqtt_max_session_expiry": "longest MQTT session expiry granted, seconds (default "
+        "604800, 7 days; also for 3.1.1 persistent sessions; 0: sessions end with their "
+        "connection; 4294967295: no cap)",
+        "mqtt_max_retained_messages": "retained messages per namespace (default 1000000; 0: "
+        "no limit); new retained topics past it are not retained (v5 QoS 1/2: 0x97)",
+        "mqtt_max_retained_bytes": "payload bytes of retained messages per namespace "
+        "(default 1 GiB; 0: no limit)",
+        "max_connections": "open connections per client listener (default 100000; 0: no "
+        "limit); past it new connections are closed at once",
+        "max_connections_per_address": "open connections from one client IP address, all "
+        "client listeners together (default 10000; 0: no limit)",
         "http_access_log": "true or false: log every HTTP API request (aiohttp's access log, "
         "logger aiohttp.access; default false)",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "

@@ -21,6 +21,7 @@ import flowmq_metrics as metrics
 from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
 from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.group_admin import GroupAdmin
 from flowmq_broker.live import LiveViews
 from flowmq_broker.nodes import NodeRegistry
@@ -36,6 +37,7 @@ from flowmq_cluster.auth import check_bind
 from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_core.acl import Authorizer
 from flowmq_core.config import BrokerConfig, ConfigError, is_loopback
+from flowmq_core.errors import QuotaExceeded
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_core.version import flowmq_version
@@ -202,7 +204,10 @@ class Broker(OperationsBackend):
         pending: list[Any] = []
         for message in messages:
             if message.retain and self.mqtt is not None:
-                await self.mqtt.retained.set(namespace, message)
+                try:
+                    await self.mqtt.retained.set(namespace, message)
+                except QuotaExceeded:
+                    pass  # as an MQTT QoS 0 publish: delivered, not retained (counted, logged)
             bindings, durable = self.router.dispatch(namespace, message)
             routed.append(bindings)
             pending.extend(durable)
@@ -391,6 +396,9 @@ class Broker(OperationsBackend):
             cluster=self.cluster,
             nodes=self.nodes,
             metadata_changed=self.metadata_changed,
+            connection_limits=ConnectionLimits(
+                cfg.max_connections, cfg.max_connections_per_address
+            ),
         )
         for role in cfg.roles:
             if role in PROTOCOL_ADAPTERS:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.queues import QueueService
 from flowmq_broker.routing import CatalogSync, Router
 from flowmq_core.acl import Authorizer
@@ -43,3 +44,6 @@ class BrokerServices:
     nodes: Callable[[], Awaitable[list[dict[str, Any]]]]
     # Call after committing a catalog change: applies it here, then tells the cluster.
     metadata_changed: Callable[[], Awaitable[None]]
+    # Open connections per client listener and per client address: every client listener's
+    # connections are admitted and released here (max_connections, ..._per_address).
+    connection_limits: ConnectionLimits

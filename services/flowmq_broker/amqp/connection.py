@@ -91,6 +91,8 @@ class AmqpConnection(asyncio.Protocol):
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self.shared.services.connection_limits.admit(self, transport):
+            return  # closed at once, before the protocol header (max_connections, ...)
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
         peer = transport.get_extra_info("peername")
@@ -102,6 +104,7 @@ class AmqpConnection(asyncio.Protocol):
         self._timer = self.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.shared.services.connection_limits.release(self)
         self.state = "closed"
         self.transport = None
         if self._timer is not None:

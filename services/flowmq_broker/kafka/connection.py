@@ -116,6 +116,8 @@ class KafkaConnection(asyncio.Protocol):
     # -- transport callbacks -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self.server.services.connection_limits.admit(self, transport):
+            return  # closed at once (max_connections, max_connections_per_address)
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         sock = transport.get_extra_info("sockname")
@@ -176,6 +178,7 @@ class KafkaConnection(asyncio.Protocol):
             self._auth_timer = None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.server.services.connection_limits.release(self)
         self.closing = True
         if self._auth_timer is not None:
             self._auth_timer.cancel()

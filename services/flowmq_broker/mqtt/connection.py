@@ -28,7 +28,7 @@ from flowmq_broker.mqtt.session import (
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.acl import Access
 from flowmq_core.audit import audit_log
-from flowmq_core.errors import InvalidFilter
+from flowmq_core.errors import InvalidFilter, QuotaExceeded
 from flowmq_core.limits import (
     MAX_CLIENT_ID_BYTES,
     MAX_TOPIC_LEVELS,
@@ -120,6 +120,8 @@ class MqttConnection(asyncio.Protocol):
 
     # --- transport --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self.server.connection_limits.admit(self, transport):
+            return  # closed at once: nothing can be answered before CONNECT
         self.transport = transport  # type: ignore[assignment]
         # pause_writing() then tells us cheaply when the socket buffer passes the drop mark.
         self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
@@ -251,6 +253,7 @@ class MqttConnection(asyncio.Protocol):
         self.disconnect(exc.reason_code, exc.message)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connection_limits.release(self)
         self.closing = True
         self.transport = None
         self._out.clear()
@@ -312,7 +315,12 @@ class MqttConnection(asyncio.Protocol):
     def server_publish(self, namespace: str, message: Message) -> None:
         """Publish on the broker's behalf (will messages): no acknowledgement to wait for."""
         if message.retain:
-            self._loop.create_task(self._log_failure(self.server.retained.set(namespace, message)))
+            try:
+                retained = self.server.retained.set(namespace, message)
+            except QuotaExceeded:
+                pass  # delivered, not retained
+            else:
+                self._loop.create_task(self._log_failure(retained))
         try:
             _, pending = self.server.router.dispatch(namespace, message)
         except DestinationUnavailable as exc:
@@ -506,6 +514,7 @@ class MqttConnection(asyncio.Protocol):
             self.client_alias_maximum = props.get("topic_alias_maximum", 0)
         else:
             expiry = 0 if p.clean_start else NEVER_EXPIRES
+        expiry = self._capped_expiry(expiry)
 
         server = self.server
         key = (self.namespace, client_id)
@@ -524,6 +533,21 @@ class MqttConnection(asyncio.Protocol):
             self._loop.create_task(self._connect_later(p, expiry, assigned, fetch))
             return
         self._attach_session(p, expiry, assigned)
+
+    def _capped_expiry(self, expiry: int) -> int:
+        """``expiry`` within ``mqtt_max_session_expiry``; a v5 request lowered is counted."""
+        cap = self.server.max_session_expiry
+        if expiry <= cap:
+            return expiry
+        if self.level == 5:
+            metrics.limits_rejections_count.labels("session_expiry").inc()
+            log.info(
+                "mqtt %s: session expiry %d s lowered to %d s (mqtt_max_session_expiry)",
+                self.client_id,
+                expiry,
+                cap,
+            )
+        return cap
 
     async def _connect_later(
         self, p: Connect, expiry: int, assigned: str | None, fetch: bool
@@ -599,6 +623,8 @@ class MqttConnection(asyncio.Protocol):
             }
             if assigned:
                 ack_props["assigned_client_identifier"] = assigned
+            if expiry != p.properties.get("session_expiry_interval", 0):  # MQTT-3.2.2.3.2
+                ack_props["session_expiry_interval"] = expiry
             if server_keep_alive is not None:
                 ack_props["server_keep_alive"] = server_keep_alive
         self.send(Connack(session_present, rc.SUCCESS, ack_props))
@@ -695,11 +721,19 @@ class MqttConnection(asyncio.Protocol):
         message = self._message_from(topic, p.payload, qos, p.retain, props, self.client_id)
         pending: list[Any] = []
         if p.retain:
-            retained = self.server.retained.set(namespace, message)
-            if qos:
-                pending.append(retained)
-            else:
-                self._loop.create_task(self._log_failure(retained))
+            try:
+                retained = self.server.retained.set(namespace, message)
+            except QuotaExceeded as exc:
+                if qos and self.level == 5:  # refused, not delivered: the publisher is told
+                    ack = Puback if qos == 1 else Pubrec
+                    self._queue_ack([], ack, packet_id, rc.QUOTA_EXCEEDED, str(exc))
+                    return
+                retained = None  # QoS 0 and 3.1.1 cannot be told: delivered, not retained
+            if retained is not None:
+                if qos:
+                    pending.append(retained)
+                else:
+                    self._loop.create_task(self._log_failure(retained))
         try:
             bindings, durable = self.server.router.dispatch(namespace, message)
         except DestinationUnavailable as exc:
@@ -963,6 +997,7 @@ class MqttConnection(asyncio.Protocol):
             identifier = identifier[0] if identifier else None
         codes: list[int] = []
         retained_to_send: list[tuple[Message, Subscription]] = []
+        over_quota = 0
         for topic_filter, options in p.subscriptions:
             try:
                 validate_subscription_filter(topic_filter)
@@ -985,6 +1020,10 @@ class MqttConnection(asyncio.Protocol):
                 codes.append(rc.NOT_AUTHORIZED if v5 else rc.SUBACK_FAILURE)
                 continue
             existed = topic_filter in session.subscriptions
+            if not existed and len(session.subscriptions) >= server.max_subscriptions:
+                over_quota += 1  # a new filter past mqtt_max_subscriptions; replacing is fine
+                codes.append(rc.QUOTA_EXCEEDED if v5 else rc.SUBACK_FAILURE)
+                continue
             sub = Subscription(inner, options, identifier, shared.group if shared else None)
             if existed:
                 server.unbind(session, session.subscriptions[topic_filter])
@@ -999,6 +1038,8 @@ class MqttConnection(asyncio.Protocol):
                 retained_to_send.extend(
                     (m, sub) for m in server.retained.matching(self.namespace, inner)
                 )
+        if over_quota:
+            self._subscriptions_refused(over_quota)
         server.update_subscription_gauge()
         if session.persistent():
             self._loop.create_task(self._log_failure(server.save_session(session)))
@@ -1021,6 +1062,16 @@ class MqttConnection(asyncio.Protocol):
                 self.transport.resume_reading()
 
         routed.add_done_callback(routes_out)
+
+    def _subscriptions_refused(self, count: int) -> None:
+        metrics.limits_rejections_count.labels("subscriptions").inc(count)
+        log.info(
+            "mqtt %s: %d filter(s) refused: the session holds %d subscriptions "
+            "(mqtt_max_subscriptions)",
+            self.client_id,
+            count,
+            self.server.max_subscriptions,
+        )
 
     def _finish_subscribe(
         self,
@@ -1061,13 +1112,14 @@ class MqttConnection(asyncio.Protocol):
                 self.will = None
             expiry = p.properties.get("session_expiry_interval")
             if expiry is not None and session is not None:
-                if session.expiry_interval == 0 and expiry != 0:
+                # (With mqtt_max_session_expiry 0 every session has 0, whatever was asked.)
+                if session.expiry_interval == 0 and expiry != 0 and self.server.max_session_expiry:
                     self.will = None
                     self.disconnect(
                         rc.PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 at CONNECT"
                     )
                     return
-                session.expiry_interval = expiry
+                session.expiry_interval = self._capped_expiry(expiry)
         else:
             self.will = None
         self.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.mqtt.offline import OfflineStore
 from flowmq_broker.mqtt.retained import RetainedStore
 from flowmq_broker.mqtt.session import Session, SessionConnection, Subscription
@@ -30,6 +31,8 @@ class ConnectionHost(Protocol):
     # --- settings and collaborators
     max_packet_size: int
     max_keep_alive: int
+    max_subscriptions: int  # per session (mqtt_max_subscriptions)
+    max_session_expiry: int  # seconds (mqtt_max_session_expiry; NEVER_EXPIRES: no cap)
     allow_anonymous: bool
     users: UserDirectory
     authorizer: Authorizer  # the broker's ACLs (flowmq_core.acl)
@@ -38,6 +41,7 @@ class ConnectionHost(Protocol):
     offline: OfflineStore | None  # durable store of offline persistent sessions, if any
     cluster: ClusterRouting | None  # None: a broker alone
     tls: ServerTls | None  # the TLS listener's settings, once it serves
+    connection_limits: ConnectionLimits  # connections per listener and per client address
 
     # --- sessions
     sessions: dict[tuple[str, str], Session]

@@ -10,6 +10,14 @@ and the object's key (``IN_OBJECT``)::
     IN_OBJECT | key length u16 | key (UTF-8) | message with an empty payload
 
 Values written before this form (JSON) are not read: they are skipped, with a warning, at load.
+
+Each namespace holds at most ``max_messages`` retained topics and ``max_bytes`` of their
+payloads (``mqtt_max_retained_messages``/``..._bytes``, DESIGN.md §13).  ``_usage`` is the
+count and payload bytes of each namespace's cached messages, kept equal to the cache by
+changing the cache only through ``_put`` and ``_drop``.  Only a new topic can be refused:
+replacing or clearing one that is retained is always allowed, so a full namespace can still
+be updated and emptied.  Messages other nodes retained (``remember``) and what is loaded at
+start are counted but never refused: they are stored already.
 """
 
 from __future__ import annotations
@@ -18,9 +26,12 @@ import dataclasses
 import hashlib
 import logging
 import struct
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
+import flowmq_metrics as metrics
+from flowmq_core.errors import QuotaExceeded
 from flowmq_core.message import Message
 from flowmq_core.message_codec import CorruptMessage, decode_message, encode_message
 from flowmq_core.topics import matches
@@ -31,6 +42,8 @@ from flowmq_objstore.api import ObjectStore
 log = logging.getLogger(__name__)
 
 INLINE_LIMIT = 64 * 1024
+# A namespace's refusals are logged at most once per this many seconds (each is counted).
+LOG_INTERVAL_S = 60.0
 INLINE, IN_OBJECT = 0, 1
 _U16 = struct.Struct(">H")
 
@@ -71,10 +84,16 @@ def _object_of(value: bytes) -> str | None:
 
 
 class RetainedStore:
-    def __init__(self, meta: MetaStore, objects: ObjectStore) -> None:
+    def __init__(
+        self, meta: MetaStore, objects: ObjectStore, max_messages: int = 0, max_bytes: int = 0
+    ) -> None:
         self.meta = meta
         self.objects = objects
+        self.max_messages = max_messages or sys.maxsize  # per namespace; 0: no limit
+        self.max_bytes = max_bytes or sys.maxsize
         self._cache: dict[tuple[str, str], Message] = {}
+        self._usage: dict[str, list[int]] = {}  # namespace -> [messages, payload bytes]
+        self._logged_at: dict[str, float] = {}
         # Told of every change made here (the broker tells the other nodes: DESIGN.md §6).
         self.on_change: Callable[[str, Message], None] | None = None
 
@@ -90,32 +109,86 @@ class RetainedStore:
                 continue
             if object_key is not None:
                 message.payload = await self.objects.get(object_key)
-            self._cache[(namespace, message.topic)] = message
+            self._put(namespace, message)
 
-    async def set(self, namespace: str, message: Message) -> None:
-        """Retain ``message`` (an empty payload clears the topic, as MQTT says)."""
+    def set(self, namespace: str, message: Message) -> Awaitable[None]:
+        """Retain ``message`` (an empty payload clears the topic, as MQTT says): cached now,
+        stored by the awaitable returned.  Raises ``QuotaExceeded`` (``retained_messages`` or
+        ``retained_bytes``; counted and logged here, nothing changed) for a new topic past
+        the namespace's limits."""
+        if message.payload and (namespace, message.topic) not in self._cache:
+            self._check_quota(namespace, len(message.payload))
         key = retained_key(namespace, message.topic)
         if self.on_change is not None:
             self.on_change(namespace, message)
         if not message.payload:
-            self._cache.pop((namespace, message.topic), None)
-            await self._clear(key)
-            return
+            self._drop(namespace, message.topic)
+            return self._clear(key)
+        self._put(namespace, dataclasses.replace(message, retain=True))
+        return self._store(key, message)
+
+    async def _store(self, key: bytes, message: Message) -> None:
         object_key = None
         if len(message.payload) > INLINE_LIMIT:
             object_key = f"retained/{hashlib.sha256(message.payload).hexdigest()}"
             await self.objects.put(object_key, message.payload)
         value = encode_retained(message, object_key)
-        self._cache[(namespace, message.topic)] = dataclasses.replace(message, retain=True)
         old = await self.meta.transact(lambda tr: _swap(tr, key, value))
         await self._delete_unreferenced(old, object_key)
 
     def remember(self, namespace: str, message: Message) -> None:
         """Cache a change another node made (and stored)."""
         if message.payload:
-            self._cache[(namespace, message.topic)] = dataclasses.replace(message, retain=True)
+            self._put(namespace, dataclasses.replace(message, retain=True))
         else:
-            self._cache.pop((namespace, message.topic), None)
+            self._drop(namespace, message.topic)
+
+    def usage(self, namespace: str) -> tuple[int, int]:
+        """Retained messages of ``namespace`` and their payload bytes."""
+        messages, size = self._usage.get(namespace, (0, 0))
+        return messages, size
+
+    def _check_quota(self, namespace: str, size: int) -> None:
+        messages, used = self.usage(namespace)
+        if messages >= self.max_messages:
+            limit, why = "retained_messages", f"{messages} retained messages"
+        elif used + size > self.max_bytes:
+            limit, why = "retained_bytes", f"{used} bytes of retained payloads"
+        else:
+            return
+        refusal = QuotaExceeded(
+            f"the namespace holds {why}: not retained", details={"limit": limit}
+        )
+        metrics.record_limit_refusal(refusal.details)
+        now = time.monotonic()
+        if now - self._logged_at.get(namespace, -LOG_INTERVAL_S) >= LOG_INTERVAL_S:
+            self._logged_at[namespace] = now
+            log.info(
+                "namespace %s holds %s (mqtt_max_%s): new retained topics are not retained; "
+                "further refusals for %.0f s are only counted (limits_rejections_count)",
+                namespace,
+                why,
+                limit,
+                LOG_INTERVAL_S,
+            )
+        raise refusal
+
+    def _put(self, namespace: str, message: Message) -> None:
+        usage = self._usage.setdefault(namespace, [0, 0])
+        old = self._cache.get((namespace, message.topic))
+        if old is None:
+            usage[0] += 1
+        else:
+            usage[1] -= len(old.payload)
+        usage[1] += len(message.payload)
+        self._cache[(namespace, message.topic)] = message
+
+    def _drop(self, namespace: str, topic: str) -> None:
+        old = self._cache.pop((namespace, topic), None)
+        if old is not None:
+            usage = self._usage[namespace]
+            usage[0] -= 1
+            usage[1] -= len(old.payload)
 
     async def _clear(self, key: bytes) -> None:
         old = await self.meta.transact(lambda tr: _swap(tr, key, None))
@@ -144,7 +217,7 @@ class RetainedStore:
             if ns != namespace or not matches(topic_filter, topic):
                 continue
             if message.expiry_ms is not None and message.expiry_ms <= now:
-                del self._cache[(ns, topic)]
+                self._drop(ns, topic)
                 continue
             found.append(message)
         return found

@@ -11,10 +11,12 @@ import asyncio
 import itertools
 import json
 import logging
+import sys
 from typing import Any
 
 import flowmq_metrics as metrics
 from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.listeners import listen
 from flowmq_broker.mqtt.connection import MqttConnection
 from flowmq_broker.mqtt.metrics import mqtt_metrics
@@ -70,9 +72,14 @@ class MqttServer:
         allow_anonymous: bool = True,
         max_packet_size: int = 1024 * 1024,
         max_keep_alive: int = 65535,
+        max_subscriptions: int = 0,
+        max_session_expiry: int = NEVER_EXPIRES,
+        max_retained_messages: int = 0,
+        max_retained_bytes: int = 0,
         offline: OfflineStore | None = None,
         cluster: ClusterRouting | None = None,
         authorizer: Authorizer | None = None,
+        connection_limits: ConnectionLimits | None = None,
     ) -> None:
         self.router = router
         # Sessions, routes and retained messages on other nodes (None: a broker alone).
@@ -84,7 +91,11 @@ class MqttServer:
         self.allow_anonymous = allow_anonymous
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive
-        self.retained = RetainedStore(meta, objects)
+        self.max_subscriptions = max_subscriptions or sys.maxsize  # per session; 0: no limit
+        # The longest session expiry granted, seconds (NEVER_EXPIRES: no cap): v5 requests
+        # above it are lowered, and 3.1.1 persistent sessions (which ask for "never") get it.
+        self.max_session_expiry = max_session_expiry
+        self.retained = RetainedStore(meta, objects, max_retained_messages, max_retained_bytes)
         # Durable store for offline persistent sessions (else their queue is in memory).
         self.offline = offline
         self.sessions: dict[tuple[str, str], Session] = {}
@@ -95,6 +106,8 @@ class MqttServer:
         self.authorizer = authorizer if authorizer is not None else Authorizer()
         self.authorizer.listeners.append(self._acls_changed)
         self.connections: set[SessionConnection] = set()
+        # Shared with the broker's other client listeners (alone: no limits).
+        self.connection_limits = connection_limits or ConnectionLimits()
         self._server: asyncio.base_events.Server | None = None
         # The TLS listener (start_tls), serving the same connections over TLS.
         self._tls_server: asyncio.base_events.Server | None = None
@@ -128,9 +141,14 @@ class MqttServer:
             host=services.config.bind,
             allow_anonymous=bool(services.config.allow_anonymous),
             max_keep_alive=services.config.mqtt_max_keep_alive,
+            max_subscriptions=services.config.mqtt_max_subscriptions,
+            max_session_expiry=services.config.mqtt_max_session_expiry,
+            max_retained_messages=services.config.mqtt_max_retained_messages,
+            max_retained_bytes=services.config.mqtt_max_retained_bytes,
             offline=OfflineStore(services.queues.engine, services.queues.session_options),
             cluster=services.cluster,
             authorizer=services.authorizer,
+            connection_limits=services.connection_limits,
         )
 
     # --- life cycle ---------------------------------------------------------------------
@@ -328,7 +346,9 @@ class MqttServer:
             self.bind(session, sub)
         self.revoke_denied(session)  # the rules may have changed while no broker held it
         self.sessions[(session.namespace, session.client_id)] = session
-        if session.expiry_interval not in (0, NEVER_EXPIRES):
+        # Stored before the cap was set or lowered (3.1.1 sessions asked for "never"): capped.
+        session.expiry_interval = min(session.expiry_interval, self.max_session_expiry)
+        if session.expiry_interval != NEVER_EXPIRES:
             session.expiry_handle = asyncio.get_running_loop().call_later(
                 session.expiry_interval, self.expire, session
             )

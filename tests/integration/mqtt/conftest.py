@@ -46,6 +46,7 @@ from flowmq_wire.mqtt.packets import (
     SubscriptionOptions,
     Will,
 )
+from tests.fixtures.broker_process import BrokerProcess, start_broker
 from tests.fixtures.brokers import (  # noqa: F401
     broker_fixtures,
     logged_errors,
@@ -66,6 +67,14 @@ QUIET = 0.4  # how long to wait when asserting that something does NOT arrive
 
 # --- brokers ----------------------------------------------------------------------------------
 broker, fresh_broker = broker_fixtures("mqtt", *ROLES)
+
+
+def broker_with(data_dir: Path, *flags: str) -> Iterator[BrokerProcess]:
+    """For a fixture: a broker of these tests' roles started with ``flags`` (a limit set
+    small, ...), stopped afterwards."""
+    proc = start_broker(data_dir, *ROLES, *flags)
+    yield proc
+    proc.stop()
 
 
 class ThreadedBroker(SharedThreadedBroker):
@@ -525,6 +534,11 @@ def scrape(base: str) -> dict[str, float]:
         if m:
             out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
     return out
+
+
+def rejections(broker: BrokerProcess, limit: str) -> float:
+    """``limits_rejections_count{limit=...}`` of ``broker`` now."""
+    return scrape(broker.http).get(f'limits_rejections_count{{limit="{limit}"}}', 0.0)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = TIMEOUT, step: float = 0.02) -> Any:

@@ -116,16 +116,42 @@ class RetainedStore:
         stored by the awaitable returned.  Raises ``QuotaExceeded`` (``retained_messages`` or
         ``retained_bytes``; counted and logged here, nothing changed) for a new topic past
         the namespace's limits."""
-        if message.payload and (namespace, message.topic) not in self._cache:
+        topic = message.topic
+        previous = self._cache.get((namespace, topic))
+        if message.payload and previous is None:
             self._check_quota(namespace, len(message.payload))
-        key = retained_key(namespace, message.topic)
+        key = retained_key(namespace, topic)
         if self.on_change is not None:
             self.on_change(namespace, message)
         if not message.payload:
-            self._drop(namespace, message.topic)
-            return self._clear(key)
-        self._put(namespace, dataclasses.replace(message, retain=True))
-        return self._store(key, message)
+            self._drop(namespace, topic)
+            return self._stored_or_undone(namespace, topic, previous, None, self._clear(key))
+        cached = dataclasses.replace(message, retain=True)
+        self._put(namespace, cached)
+        return self._stored_or_undone(namespace, topic, previous, cached, self._store(key, message))
+
+    async def _stored_or_undone(
+        self,
+        namespace: str,
+        topic: str,
+        previous: Message | None,
+        cached: Message | None,
+        storing: Awaitable[None],
+    ) -> None:
+        """Await ``storing``; if it fails, put the cache back as it was (unless a later change
+        replaced ``cached`` meanwhile) and tell the other nodes so: what subscribers are given
+        as retained is what is stored (DESIGN.md §13)."""
+        try:
+            await storing
+        except BaseException:
+            if self._cache.get((namespace, topic)) is cached:
+                if previous is None:
+                    self._drop(namespace, topic)
+                else:
+                    self._put(namespace, previous)
+                if self.on_change is not None:
+                    self.on_change(namespace, previous or Message(topic, b""))
+            raise
 
     async def _store(self, key: bytes, message: Message) -> None:
         object_key = None

@@ -46,9 +46,9 @@ class Publisher:
         self.client.loop_start()
         assert connected.wait(TIMEOUT), "no CONNACK"
 
-    def publish(self, topic: str, payload: bytes) -> int:
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> int:
         """The PUBACK reason code."""
-        info = self.client.publish(topic, payload, qos=1)
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
         mid, code = self.acks.get(timeout=TIMEOUT)
         assert mid == info.mid
         return code
@@ -149,5 +149,33 @@ def test_durable_writes_fail_fast_during_an_object_store_outage_and_recover(tmp_
     finally:
         connection.close()
         subscriber.close()
+        publisher.close()
+        assert broker.stop() == 0
+
+
+def test_a_retained_message_that_could_not_be_stored_is_not_retained(tmp_path):
+    """The retained cache follows the store: a replacement refused by a failing object store
+    (payloads over 64 KiB live there) leaves the previous retained message in place."""
+    objects = tmp_path / "objects"
+    broker = start_broker(tmp_path / "data", "--objects", objects.as_uri())
+    publisher = Publisher(broker.ports["mqtt"])
+    try:
+        assert publisher.publish("state/door", b"v1", retain=True) < 0x80  # 0x10: no subscriber
+
+        moved = tmp_path / "objects.moved"
+        os.rename(objects, moved)
+        objects.write_text("not a directory")
+        assert publisher.publish("state/door", b"v2" * 40_000, retain=True) == UNSPECIFIED_ERROR
+
+        subscriber = MqttClient(broker.ports["mqtt"], "late-sub")
+        try:
+            subscriber.subscribe("state/door", qos=1)
+            assert publisher.publish("state/door", b"marker") < 0x80
+            first = subscriber.messages.get(timeout=TIMEOUT)
+            assert (first.payload, first.retain) == (b"v1", True)
+            assert subscriber.messages.get(timeout=TIMEOUT).payload == b"marker"
+        finally:
+            subscriber.close()
+    finally:
         publisher.close()
         assert broker.stop() == 0

@@ -320,6 +320,8 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
     gathered = asyncio.gather(*waits, *routed, return_exceptions=True)
 
     def finish(g: asyncio.Future[list[Any]]) -> None:
+        if answer.done():  # cancelled: the connection closed while the writes were pending
+            return
         try:
             results = g.result()
             _apply(plan, results[: len(waits)])

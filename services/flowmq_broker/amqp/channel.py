@@ -35,7 +35,7 @@ from flowmq_core.errors import FlowMQError
 from flowmq_queue.errors import QueueFull
 from flowmq_wire.amqp import constants as rc
 from flowmq_wire.amqp import frames as fr
-from flowmq_wire.amqp.methods import decode_method, encode_method
+from flowmq_wire.amqp.methods import UnknownMethod, decode_method, encode_method
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,10 @@ class Channel:
             self.conn.fail(exc.code, exc.text, self._failing_method(payload))
         except fr.SyntaxError_ as exc:
             self.conn.fail(rc.SYNTAX_ERROR, f"SYNTAX_ERROR - {exc}", self._failing_method(payload))
+        except UnknownMethod as exc:  # here too: a frame replayed from the backlog in a task
+            self.conn.fail(
+                rc.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {exc}", self._failing_method(payload)
+            )
 
     @staticmethod
     def _failing_method(payload: bytes) -> int:

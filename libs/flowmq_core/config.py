@@ -59,6 +59,9 @@ class BrokerConfig:
     # Bytes of QoS 1/2 messages an offline persistent session keeps (its durable queue);
     # past it a publish for that session is refused (v5 PUBACK 0x97; 3.1.1: disconnect).
     mqtt_max_offline_bytes: int = 64 * 1024 * 1024
+    # Kafka's socket.request.max.bytes: an authenticated client's request larger than this
+    # closes its connection as soon as the size prefix is read (nothing of it is buffered).
+    kafka_max_request_bytes: int = 100 * 1024 * 1024
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.

@@ -29,6 +29,7 @@ from flowmq_core.limits import MAX_CLIENT_ID_BYTES, utf8_size
 from flowmq_wire.kafka import (
     API_VERSIONS_KEY,
     FrameSplitter,
+    FrameTooLarge,
     KafkaCodecError,
     api_name,
     api_versions_error,
@@ -201,6 +202,11 @@ class KafkaConnection(asyncio.Protocol):
         try:
             frames = self.splitter.feed(data)
         except KafkaCodecError as exc:
+            if isinstance(exc, FrameTooLarge):  # closed before any of it is buffered
+                authenticated = self.user is not None or self.server.allow_anonymous
+                metrics.limits_rejections_count.labels(
+                    "kafka_request_bytes" if authenticated else "kafka_pre_auth_request_bytes"
+                ).inc()
             log.info("kafka %s: %s; closing the connection", self.peer, exc)
             self.close()
             return

@@ -25,7 +25,7 @@ from flowmq_broker.listeners import listen
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.tls import ServerTls
 from flowmq_meta.group_offsets import GroupOffsetStore
-from flowmq_wire.kafka import API_NAMES, DEFAULT_MAX_FRAME, FrameSplitter, api_name
+from flowmq_wire.kafka import API_NAMES, FrameSplitter, api_name
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,11 @@ API_TABLE: list[tuple[int, int, int, Handler]] = [
 
 
 class KafkaServer:
-    def __init__(
-        self, services: BrokerServices, *, max_request_size: int = DEFAULT_MAX_FRAME
-    ) -> None:
+    def __init__(self, services: BrokerServices, *, max_request_size: int | None = None) -> None:
         self.services = services
-        self.max_request_size = max_request_size
-        self.allow_anonymous = bool(services.config.allow_anonymous)  # resolved: never None
+        config = services.config
+        self.max_request_size = max_request_size or config.kafka_max_request_bytes
+        self.allow_anonymous = bool(config.allow_anonymous)  # resolved: never None
         self.cluster = ClusterView(services.node_id, services.nodes)
         self.tenants = Tenants(services, self._forget_topic)
         self.offsets = GroupOffsetStore(services.meta)

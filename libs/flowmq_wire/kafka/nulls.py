@@ -5,7 +5,7 @@ and bytes field, whether or not the schema lets that field be null in that versi
 broker refuses such a request as malformed; handlers here iterate arrays and use names
 without asking, so a null where the schema has none must stop at the codec.  The fields to
 look at for one (struct, version) are worked out once and cached: what remains per request is
-a ``getattr`` per variable-size field, fixed-size ones (never null) are skipped.
+a ``getattr`` per array, struct, string or bytes field; numbers and UUIDs are skipped.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any
 # (field name, may be null, element/child struct to descend into or None, is an array)
 _Spec = tuple[tuple[str, bool, Any, bool], ...]
 _SPECS: dict[tuple[int, int], _Spec] = {}
+# Simple types whose length -1 decodes as None.
+_LENGTH_PREFIXED = frozenset({"string", "bytes", "records"})
 
 
 def _spec(struct: Any, version: int) -> _Spec:
@@ -23,16 +25,15 @@ def _spec(struct: Any, version: int) -> _Spec:
     if spec is None:
         rows = []
         for field in struct.untagged_fields(version):
-            if field.is_batchable():
-                continue  # a fixed-size number: cannot be null
             if field.is_struct_array():
                 rows.append(
                     (field.name, field.nullable_for_version_q(version), field.array_of, True)
                 )
             elif field.is_struct():
                 rows.append((field.name, field.nullable_for_version_q(version), field, False))
-            else:
+            elif field.is_array() or field.type_str in _LENGTH_PREFIXED:
                 rows.append((field.name, field.nullable_for_version_q(version), None, False))
+            # else a number, or a UUID (its all-zero value decodes as None): never refused
         spec = _SPECS[key] = tuple(rows)
     return spec
 

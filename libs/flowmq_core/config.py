@@ -62,6 +62,10 @@ class BrokerConfig:
     # Kafka's socket.request.max.bytes: an authenticated client's request larger than this
     # closes its connection as soon as the size prefix is read (nothing of it is buffered).
     kafka_max_request_bytes: int = 100 * 1024 * 1024
+    # Kafka's message.max.bytes: the largest record batch (as sent, compressed) a Produce
+    # may carry; a larger one gets MESSAGE_TOO_LARGE for its partition.  Also the bound on
+    # what a compressed batch may decompress to when it is routed to other destinations.
+    kafka_message_max_bytes: int = 1048588
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.

@@ -71,14 +71,22 @@ class _Part:
         self.message = message
 
 
-def _validate(records: bytes) -> BatchesSummary:
+class _BatchTooLarge(Exception):
+    """A record batch larger than message.max.bytes (MESSAGE_TOO_LARGE)."""
+
+
+def _validate(records: bytes, max_batch_bytes: int) -> BatchesSummary:
     """What the store needs to know about the chunk (``StreamStore.append_nowait`` takes it
     instead of parsing the batches again); raises ``InvalidRecordBatch`` for bad framing or
-    CRC."""
+    CRC, ``_BatchTooLarge`` for a batch past ``max_batch_bytes``."""
     count = batches = 0
     max_ts = -1
     view = memoryview(records)
     for info in iter_batches(records):
+        if info.size > max_batch_bytes:
+            raise _BatchTooLarge(
+                f"record batch of {info.size} bytes exceeds message.max.bytes {max_batch_bytes}"
+            )
         if not crc_ok(view[info.position : info.position + info.size]):
             raise InvalidRecordBatch(f"record batch at byte {info.position} fails its CRC")
         count += info.offset_count
@@ -95,6 +103,7 @@ def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]],
     topics = ctx.tenant.topics
     ns = ctx.tenant.namespace
     access = ctx.conn.access
+    max_batch_bytes = ctx.server.max_message_bytes
     plan: list[tuple[str, list[_Part]]] = []
     missing: list[str] = []
     for t in req.topic_data:
@@ -138,10 +147,13 @@ def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]],
                 part.fail(ErrorCode.CORRUPT_MESSAGE, "no records")
                 continue
             try:
-                part.summary = _validate(part.records)
+                part.summary = _validate(part.records, max_batch_bytes)
                 part.batch = producer_batch(part.records)
             except InvalidRecordBatch as exc:
                 part.fail(ErrorCode.CORRUPT_MESSAGE, str(exc))
+                continue
+            except _BatchTooLarge as exc:  # counted and logged once, in _submit
+                part.fail(ErrorCode.MESSAGE_TOO_LARGE, str(exc))
                 continue
             if part.batch is not None:
                 part.key = (ns, name, part.index, part.batch.producer_id)
@@ -267,6 +279,9 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
     for name, parts in plan:
         for part in parts:
             if part.error:
+                if part.error == ErrorCode.MESSAGE_TOO_LARGE:
+                    metrics.limits_rejections_count.labels("kafka_message_bytes").inc()
+                    log.info("kafka %s: %s (topic %s); refused", ctx.conn.peer, part.message, name)
                 continue
             verdict = part.verdict
             if verdict is not None:

@@ -7,12 +7,14 @@ import struct
 from collections.abc import Iterator
 
 import pytest
+from confluent_kafka import KafkaError, Producer
 
 from tests.fixtures.broker_process import BrokerProcess, start_broker
-from tests.integration.kafka.conftest import RawKafka, metric
+from tests.integration.kafka.conftest import RawKafka, confluent_conf, metric
 
 API_VERSIONS = 18
 MAX_REQUEST = 256 * 1024
+MAX_MESSAGE = 64 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +22,7 @@ def capped_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
     proc = start_broker(
         tmp_path_factory.mktemp("capped") / "data",
         "--kafka-max-request-bytes", str(MAX_REQUEST),
+        "--kafka-message-max-bytes", str(MAX_MESSAGE),
     )  # fmt: skip
     yield proc
     proc.stop()
@@ -60,3 +63,23 @@ def test_a_request_past_the_limit_closes_before_it_is_sent(capped_broker, client
     assert not at_limit.is_closed(timeout=0.5)  # waits for the rest of the request
     assert _served(bystander)
     assert any("exceeds the limit of 262144" in line for line in capped_broker.output)
+
+
+def _produce(broker: BrokerProcess, topic: str, value: bytes) -> KafkaError | None:
+    """Produce one record with librdkafka (no retries, no batching); its delivery error."""
+    producer = Producer(confluent_conf(broker, linger_ms=0, retries=0, message_max_bytes=1 << 20))
+    errors: list[KafkaError | None] = []
+    producer.produce(topic, value, on_delivery=lambda err, _msg: errors.append(err))
+    assert producer.flush(10) == 0
+    return errors[0]
+
+
+def test_a_batch_past_message_max_bytes_is_message_too_large(capped_broker, client, uid):
+    bystander = client()
+    before = _rejections(capped_broker, "kafka_message_bytes")
+    assert _produce(capped_broker, f"big-{uid}", b"x" * 1000) is None  # creates the topic
+    error = _produce(capped_broker, f"big-{uid}", b"x" * (MAX_MESSAGE + 1))
+    assert error is not None and error.code() == KafkaError.MSG_SIZE_TOO_LARGE, error
+    assert _rejections(capped_broker, "kafka_message_bytes") == before + 1
+    assert _produce(capped_broker, f"big-{uid}", b"x" * (MAX_MESSAGE - 200)) is None
+    assert _served(bystander)

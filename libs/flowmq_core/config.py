@@ -66,6 +66,9 @@ class BrokerConfig:
     # may carry; a larger one gets MESSAGE_TOO_LARGE for its partition.  Also the bound on
     # what a compressed batch may decompress to when it is routed to other destinations.
     kafka_message_max_bytes: int = 1048588
+    # Kafka's fetch.max.bytes: the most one Fetch answers (its own max_bytes if smaller),
+    # beyond the one whole batch a consumer always gets so that it progresses.
+    kafka_fetch_max_bytes: int = 50 * 1024 * 1024
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.

@@ -65,6 +65,7 @@ class KafkaServer:
         config = services.config
         self.max_request_size = max_request_size or config.kafka_max_request_bytes
         self.max_message_bytes = config.kafka_message_max_bytes
+        self.max_fetch_bytes = config.kafka_fetch_max_bytes
         self.allow_anonymous = bool(config.allow_anonymous)  # resolved: never None
         self.cluster = ClusterView(services.node_id, services.nodes)
         self.tenants = Tenants(services, self._forget_topic)

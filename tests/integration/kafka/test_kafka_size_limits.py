@@ -9,12 +9,16 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import KafkaError, Producer
 
+from flowmq_kas3.records import build_batch
+from flowmq_wire.kafka import REQUEST_CLASSES
 from tests.fixtures.broker_process import BrokerProcess, start_broker
 from tests.integration.kafka.conftest import RawKafka, confluent_conf, metric
+from tests.integration.kafka.test_kafka_protocol import create_topic, produce
 
-API_VERSIONS = 18
+API_VERSIONS, FETCH = 18, 1
 MAX_REQUEST = 256 * 1024
 MAX_MESSAGE = 64 * 1024
+MAX_FETCH = 100 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +27,7 @@ def capped_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
         tmp_path_factory.mktemp("capped") / "data",
         "--kafka-max-request-bytes", str(MAX_REQUEST),
         "--kafka-message-max-bytes", str(MAX_MESSAGE),
+        "--kafka-fetch-max-bytes", str(MAX_FETCH),
     )  # fmt: skip
     yield proc
     proc.stop()
@@ -82,4 +87,48 @@ def test_a_batch_past_message_max_bytes_is_message_too_large(capped_broker, clie
     assert error is not None and error.code() == KafkaError.MSG_SIZE_TOO_LARGE, error
     assert _rejections(capped_broker, "kafka_message_bytes") == before + 1
     assert _produce(capped_broker, f"big-{uid}", b"x" * (MAX_MESSAGE - 200)) is None
+    assert _served(bystander)
+
+
+def _fetch(c: RawKafka, topic: str, offsets: list[int], max_bytes: int) -> list[bytes]:
+    """The records of each partition, from a Fetch v12 of all of them at ``offsets``."""
+    cls = REQUEST_CLASSES[FETCH][12].FetchTopic
+    response = c.request(
+        FETCH, 12, replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=max_bytes,
+        isolation_level=0, session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
+        topics=[cls(topic=topic, partitions=[
+            cls.FetchPartition(partition=i, current_leader_epoch=-1, fetch_offset=offset,
+                               last_fetched_epoch=-1, log_start_offset=-1,
+                               partition_max_bytes=1 << 20)
+            for i, offset in enumerate(offsets)
+        ])],
+    )  # fmt: skip
+    parts = sorted(response.responses[0].partitions, key=lambda p: p.partition_index)
+    assert all(p.error_code == 0 and p.high_watermark == 1 for p in parts)
+    return [bytes(p.records or b"") for p in parts]
+
+
+def test_a_fetch_answers_at_most_fetch_max_bytes_and_always_one_batch(capped_broker, client, uid):
+    c, bystander = client(), client()
+    topic = f"wide-{uid}"
+    create_topic(c, topic, partitions=4)
+    batch = build_batch([(None, b"v" * 40_000, [], 0)])  # 4 x 40 KB: past the 100 KiB cap
+    for partition in range(4):
+        assert (
+            produce(c, topic, partition, batch).responses[0].partition_responses[0].error_code == 0
+        )
+    before = _rejections(capped_broker, "kafka_fetch_bytes")
+    got = _fetch(c, topic, [0, 0, 0, 0], max_bytes=50 << 20)  # asks for more than the cap
+    assert [len(r) for r in got] == [len(batch), len(batch), 0, 0]
+    assert _rejections(capped_broker, "kafka_fetch_bytes") == before + 1
+    # The consumer moves on: the partitions left out come next.
+    assert [len(r) for r in _fetch(c, topic, [1, 1, 0, 0], max_bytes=50 << 20)] == [
+        0,
+        0,
+        len(batch),
+        len(batch),
+    ]
+    # Its own max_bytes smaller than one batch: still that whole batch (KIP-74), not counted.
+    assert [len(r) for r in _fetch(c, topic, [0, 0, 0, 0], max_bytes=1)] == [len(batch), 0, 0, 0]
+    assert _rejections(capped_broker, "kafka_fetch_bytes") == before + 1
     assert _served(bystander)

@@ -69,6 +69,9 @@ class BrokerConfig:
     # Kafka's fetch.max.bytes: the most one Fetch answers (its own max_bytes if smaller),
     # beyond the one whole batch a consumer always gets so that it progresses.
     kafka_fetch_max_bytes: int = 50 * 1024 * 1024
+    # Kafka's connections.max.idle.ms, in seconds: a Kafka connection that sent nothing for
+    # this long (and waits for no answer) is closed; 0 keeps idle connections forever.
+    kafka_idle_timeout: float = 600.0
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.

@@ -4,6 +4,7 @@ while another keeps being served, on a broker started with small limits."""
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -132,3 +133,27 @@ def test_a_fetch_answers_at_most_fetch_max_bytes_and_always_one_batch(capped_bro
     assert [len(r) for r in _fetch(c, topic, [0, 0, 0, 0], max_bytes=1)] == [len(batch), 0, 0, 0]
     assert _rejections(capped_broker, "kafka_fetch_bytes") == before + 1
     assert _served(bystander)
+
+
+@pytest.fixture(scope="module")
+def idle_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
+    proc = start_broker(tmp_path_factory.mktemp("idle") / "data", "--kafka-idle-timeout", "1")
+    yield proc
+    proc.stop()
+
+
+def test_an_idle_connection_is_closed_while_a_busy_one_stays(idle_broker):
+    port = idle_broker.ports["kafka"]
+    idle, busy = RawKafka(port), RawKafka(port)
+    try:
+        assert _served(idle) and _served(busy)
+        started = time.monotonic()
+        while time.monotonic() - started < 2.5:  # requests every 0.2 s: never idle for 1 s
+            assert _served(busy)
+            time.sleep(0.2)
+        assert idle.is_closed(timeout=5)
+        assert _served(busy)
+        assert _rejections(idle_broker, "kafka_idle_timeout") == 1
+    finally:
+        idle.close()
+        busy.close()

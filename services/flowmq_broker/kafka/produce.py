@@ -28,7 +28,7 @@ from flowmq_core.acl import STREAM as STREAM_RESOURCE
 from flowmq_core.errors import FlowMQError
 from flowmq_core.mapping import kafka_to_canonical
 from flowmq_core.message import Message
-from flowmq_kas3.errors import InvalidRecordBatch, Kas3Error
+from flowmq_kas3.errors import DecompressedTooLarge, InvalidRecordBatch, Kas3Error
 from flowmq_kas3.records import BatchesSummary, crc_ok, decode_batches, iter_batches
 from flowmq_meta.catalog import STREAM
 from flowmq_wire.kafka import ErrorCode
@@ -296,6 +296,11 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
                     continue
             try:
                 routed.extend(_route_elsewhere(ctx, name, part, req.acks))
+            except DecompressedTooLarge as exc:
+                metrics.limits_rejections_count.labels("kafka_decompressed_bytes").inc()
+                log.info("kafka %s: %s (topic %s); refused", ctx.conn.peer, exc, name)
+                part.fail(ErrorCode.MESSAGE_TOO_LARGE, str(exc))
+                continue
             except InvalidRecordBatch as exc:
                 part.fail(ErrorCode.CORRUPT_MESSAGE, str(exc))
                 continue
@@ -420,7 +425,8 @@ def _route_elsewhere(ctx: RequestContext, name: str, part: _Part, acks: int) -> 
         return []
     pending: list[Any] = []
     qos = 1 if acks else 0
-    for record in decode_batches(part.records):
+    # Decompressed only here, and never to more than message.max.bytes per batch.
+    for record in decode_batches(part.records, max_size=server.max_message_bytes):
         message = Message(
             topic=canonical,
             payload=record.value if record.value is not None else b"",

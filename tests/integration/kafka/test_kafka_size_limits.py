@@ -3,6 +3,7 @@ while another keeps being served, on a broker started with small limits."""
 
 from __future__ import annotations
 
+import queue
 import struct
 import time
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from flowmq_kas3.records import build_batch
 from flowmq_wire.kafka import REQUEST_CLASSES
 from tests.fixtures.broker_process import BrokerProcess, start_broker
 from tests.integration.kafka.conftest import RawKafka, confluent_conf, metric
+from tests.integration.kafka.test_kafka_cross_protocol import mqtt_client
 from tests.integration.kafka.test_kafka_protocol import create_topic, produce
 
 API_VERSIONS, FETCH = 18, 1
@@ -71,9 +73,10 @@ def test_a_request_past_the_limit_closes_before_it_is_sent(capped_broker, client
     assert any("exceeds the limit of 262144" in line for line in capped_broker.output)
 
 
-def _produce(broker: BrokerProcess, topic: str, value: bytes) -> KafkaError | None:
+def _produce(broker: BrokerProcess, topic: str, value: bytes, **conf) -> KafkaError | None:
     """Produce one record with librdkafka (no retries, no batching); its delivery error."""
-    producer = Producer(confluent_conf(broker, linger_ms=0, retries=0, message_max_bytes=1 << 20))
+    conf = {"linger_ms": 0, "retries": 0, "message_max_bytes": 1 << 20, **conf}
+    producer = Producer(confluent_conf(broker, **conf))
     errors: list[KafkaError | None] = []
     producer.produce(topic, value, on_delivery=lambda err, _msg: errors.append(err))
     assert producer.flush(10) == 0
@@ -157,3 +160,31 @@ def test_an_idle_connection_is_closed_while_a_busy_one_stays(idle_broker):
     finally:
         idle.close()
         busy.close()
+
+
+def test_a_compressed_batch_routed_elsewhere_may_not_inflate_past_message_max_bytes(
+    capped_broker, client, uid
+):
+    """Kafka records are decompressed only to route them to other destinations (here an
+    MQTT subscriber): 20 MiB of zeros gzip to ~20 KB, under the 64 KiB message.max.bytes,
+    and are refused without being inflated."""
+    bystander = client()
+    topic = f"zip-{uid}"
+    inbox: queue.Queue = queue.Queue()
+    subscriber = mqtt_client(capped_broker, f"sub-{uid}", inbox)
+    try:
+        subscriber.subscribe(topic, qos=0)
+        subscriber._test_subscribed.get(timeout=10)
+        before = _rejections(capped_broker, "kafka_decompressed_bytes")
+        gzip = {"compression_type": "gzip", "message_max_bytes": 64 << 20}
+        assert _produce(capped_broker, topic, b"small", **gzip) is None
+        assert inbox.get(timeout=10).payload == b"small"
+        error = _produce(capped_broker, topic, bytes(20 << 20), **gzip)
+        assert error is not None and error.code() == KafkaError.MSG_SIZE_TOO_LARGE, error
+        assert _rejections(capped_broker, "kafka_decompressed_bytes") == before + 1
+        assert _produce(capped_broker, topic, b"after", **gzip) is None
+        assert inbox.get(timeout=10).payload == b"after"
+        assert _served(bystander)
+    finally:
+        subscriber.loop_stop()
+        subscriber.disconnect()

@@ -72,6 +72,14 @@ class BrokerConfig:
     # Kafka's connections.max.idle.ms, in seconds: a Kafka connection that sent nothing for
     # this long (and waits for no answer) is closed; 0 keeps idle connections forever.
     kafka_idle_timeout: float = 600.0
+    # AMQP (RabbitMQ's defaults): the frame_max and channel_max offered in Connection.Tune
+    # and enforced from TuneOk on; the largest message body (max_message_size; past it the
+    # channel is closed 406, and a connection holds at most four such bodies half-received);
+    # and the unacknowledged deliveries a consumer without a prefetch count may have.
+    amqp_frame_max: int = 131072
+    amqp_channel_max: int = 2047
+    amqp_max_message_bytes: int = 16 * 1024 * 1024
+    amqp_max_unacked: int = 10_000
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.

@@ -12,7 +12,8 @@ import pika
 import pytest
 from pamqp import commands
 
-from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.broker_process import BrokerProcess
+from tests.fixtures.brokers import broker_fixtures
 from tests.integration.amqp.conftest import RawAmqp, connect, drain
 
 pytestmark = pytest.mark.timeout(60)
@@ -23,17 +24,13 @@ MAX_MESSAGE = 64 * 1024
 MAX_UNACKED = 5
 
 
-@pytest.fixture(scope="module")
-def small_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
-    proc = start_broker(
-        tmp_path_factory.mktemp("amqp-limits") / "data",
-        "--amqp-frame-max", str(FRAME_MAX),
-        "--amqp-channel-max", str(CHANNEL_MAX),
-        "--amqp-max-message-bytes", str(MAX_MESSAGE),
-        "--amqp-max-unacked", str(MAX_UNACKED),
-    )  # fmt: skip
-    yield proc
-    proc.stop()
+small_broker, _ = broker_fixtures(
+    "amqp-limits",
+    "--amqp-frame-max", str(FRAME_MAX),
+    "--amqp-channel-max", str(CHANNEL_MAX),
+    "--amqp-max-message-bytes", str(MAX_MESSAGE),
+    "--amqp-max-unacked", str(MAX_UNACKED),
+)  # fmt: skip
 
 
 @pytest.fixture

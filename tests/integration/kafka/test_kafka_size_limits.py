@@ -13,7 +13,8 @@ from confluent_kafka import KafkaError, Producer
 
 from flowmq_kas3.records import build_batch
 from flowmq_wire.kafka import REQUEST_CLASSES
-from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.fixtures.broker_process import BrokerProcess
+from tests.fixtures.brokers import broker_fixtures
 from tests.integration.kafka.conftest import RawKafka, confluent_conf, metric
 from tests.integration.kafka.test_kafka_cross_protocol import mqtt_client
 from tests.integration.kafka.test_kafka_protocol import create_topic, produce
@@ -24,16 +25,13 @@ MAX_MESSAGE = 64 * 1024
 MAX_FETCH = 100 * 1024
 
 
-@pytest.fixture(scope="module")
-def capped_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
-    proc = start_broker(
-        tmp_path_factory.mktemp("capped") / "data",
-        "--kafka-max-request-bytes", str(MAX_REQUEST),
-        "--kafka-message-max-bytes", str(MAX_MESSAGE),
-        "--kafka-fetch-max-bytes", str(MAX_FETCH),
-    )  # fmt: skip
-    yield proc
-    proc.stop()
+capped_broker, _ = broker_fixtures(
+    "capped",
+    "--kafka-max-request-bytes", str(MAX_REQUEST),
+    "--kafka-message-max-bytes", str(MAX_MESSAGE),
+    "--kafka-fetch-max-bytes", str(MAX_FETCH),
+)  # fmt: skip
+idle_broker, _ = broker_fixtures("idle", "--kafka-idle-timeout", "1")
 
 
 @pytest.fixture
@@ -136,13 +134,6 @@ def test_a_fetch_answers_at_most_fetch_max_bytes_and_always_one_batch(capped_bro
     assert [len(r) for r in _fetch(c, topic, [0, 0, 0, 0], max_bytes=1)] == [len(batch), 0, 0, 0]
     assert _rejections(capped_broker, "kafka_fetch_bytes") == before + 1
     assert _served(bystander)
-
-
-@pytest.fixture(scope="module")
-def idle_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
-    proc = start_broker(tmp_path_factory.mktemp("idle") / "data", "--kafka-idle-timeout", "1")
-    yield proc
-    proc.stop()
 
 
 def test_an_idle_connection_is_closed_while_a_busy_one_stays(idle_broker):

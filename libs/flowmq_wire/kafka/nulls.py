@@ -5,7 +5,7 @@ and bytes field, whether or not the schema lets that field be null in that versi
 broker refuses such a request as malformed; handlers here iterate arrays and use names
 without asking, so a null where the schema has none must stop at the codec.  The fields to
 look at for one (struct, version) are worked out once and cached: what remains per request is
-a ``getattr`` per array, struct, string or bytes field; numbers and UUIDs are skipped.
+a ``getattr`` per field that could fail the check (``_spec``).
 """
 
 from __future__ import annotations
@@ -20,20 +20,29 @@ _LENGTH_PREFIXED = frozenset({"string", "bytes", "records"})
 
 
 def _spec(struct: Any, version: int) -> _Spec:
+    """The fields of ``struct`` worth a look in ``version``: those that may not be null, and
+    those with children that may not be; a nullable leaf can never fail and is left out, as
+    is a child struct with nothing to check (a Produce's partitions: only ``records``, which
+    is nullable), so a request costs a few ``getattr``s per topic, none per partition."""
     key = (id(struct), version)
     spec = _SPECS.get(key)
     if spec is None:
         rows = []
         for field in struct.untagged_fields(version):
+            nullable = field.nullable_for_version_q(version)
             if field.is_struct_array():
-                rows.append(
-                    (field.name, field.nullable_for_version_q(version), field.array_of, True)
-                )
+                child, is_array = field.array_of, True
             elif field.is_struct():
-                rows.append((field.name, field.nullable_for_version_q(version), field, False))
+                child, is_array = field, False
             elif field.is_array() or field.type_str in _LENGTH_PREFIXED:
-                rows.append((field.name, field.nullable_for_version_q(version), None, False))
-            # else a number, or a UUID (its all-zero value decodes as None): never refused
+                child, is_array = None, False
+            else:
+                continue  # a number, or a UUID (its all-zero value decodes as None)
+            if child is not None and not _spec(child, version):
+                child = None
+            if nullable and child is None:
+                continue
+            rows.append((field.name, nullable, child, is_array))
         spec = _SPECS[key] = tuple(rows)
     return spec
 

@@ -283,8 +283,12 @@ class Consumers:
     async def get(
         self, name: str, target: MemoryQueue | Destination, m: commands.Basic.Get
     ) -> None:
-        """Basic.Get from queue ``name``: Get-Ok with one message, or Get-Empty."""
+        """Basic.Get from queue ``name``: Get-Ok with one message, or Get-Empty (also while
+        the channel holds ``amqp_max_unacked`` unacknowledged deliveries: limits.py)."""
         conn = self.conn
+        if not m.no_ack and len(self.unacked) >= self.shared.limits.max_unacked:
+            conn.send(encode_method(self.number, commands.Basic.GetEmpty()))
+            return
         if isinstance(target, MemoryQueue):
             if not target.buffer:
                 conn.send(encode_method(self.number, commands.Basic.GetEmpty()))

@@ -160,11 +160,17 @@ def test_a_consumer_without_prefetch_stops_at_max_unacked(small_broker, clients,
     queue = f"q-{uid}"
     ch.queue_declare(queue)
     ch.confirm_delivery()
-    for i in range(3 * MAX_UNACKED):
+    for i in range(4 * MAX_UNACKED + 2):
         ch.basic_publish("", queue, b"%d" % i)
     consumer = conn.channel()  # no Basic.Qos
     got = drain(consumer, queue, 3 * MAX_UNACKED, ack=False, timeout=1.5)
     assert len(got) == MAX_UNACKED
     consumer.basic_ack(got[-1][0].delivery_tag, multiple=True)
-    more = drain(consumer, queue, 3 * MAX_UNACKED, ack=True, timeout=1.5)
-    assert len(more) >= MAX_UNACKED
+    more = drain(consumer, queue, MAX_UNACKED, ack=True, timeout=1.5)
+    assert len(more) == MAX_UNACKED
+    # Basic.Get too: past the bound the channel gets Get-Empty until it acks.
+    getter = conn.channel()
+    gets = [getter.basic_get(queue) for _ in range(MAX_UNACKED + 1)]
+    assert [g[0] is not None for g in gets] == [True] * MAX_UNACKED + [False]
+    getter.basic_ack(gets[-2][0].delivery_tag, multiple=True)
+    assert getter.basic_get(queue)[0] is not None

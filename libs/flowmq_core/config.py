@@ -82,6 +82,27 @@ class BrokerConfig:
     # 0: no limit.
     max_connections: int = 100_000
     max_connections_per_address: int = 10_000
+    # Kafka's socket.request.max.bytes: an authenticated client's request larger than this
+    # closes its connection as soon as the size prefix is read (nothing of it is buffered).
+    kafka_max_request_bytes: int = 100 * 1024 * 1024
+    # Kafka's message.max.bytes: the largest record batch (as sent, compressed) a Produce
+    # may carry; a larger one gets MESSAGE_TOO_LARGE for its partition.  Also the bound on
+    # what a compressed batch may decompress to when it is routed to other destinations.
+    kafka_message_max_bytes: int = 1048588
+    # Kafka's fetch.max.bytes: the most one Fetch answers (its own max_bytes if smaller),
+    # beyond the one whole batch a consumer always gets so that it progresses.
+    kafka_fetch_max_bytes: int = 50 * 1024 * 1024
+    # Kafka's connections.max.idle.ms, in seconds: a Kafka connection that sent nothing for
+    # this long (and waits for no answer) is closed; 0 keeps idle connections forever.
+    kafka_idle_timeout: float = 600.0
+    # AMQP (RabbitMQ's defaults): the frame_max and channel_max offered in Connection.Tune
+    # and enforced from TuneOk on; the largest message body (max_message_size; past it the
+    # channel is closed 406, and a connection holds at most four such bodies half-received);
+    # and the unacknowledged deliveries a consumer without a prefetch count may have.
+    amqp_frame_max: int = 131072
+    amqp_channel_max: int = 2047
+    amqp_max_message_bytes: int = 16 * 1024 * 1024
+    amqp_max_unacked: int = 10_000
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.

@@ -16,6 +16,13 @@ class InvalidRecordBatch(Kas3Error, ValueError):
     code = "invalid_record_batch"
 
 
+class DecompressedTooLarge(InvalidRecordBatch):
+    """A compressed batch whose records would pass the size allowed (Kafka:
+    MESSAGE_TOO_LARGE); found without decompressing more than that size."""
+
+    code = "decompressed_too_large"
+
+
 class OffsetOutOfRange(Kas3Error):
     """A fetch offset outside ``[log_start_offset, high_watermark]`` (Kafka:
     OFFSET_OUT_OF_RANGE).  Carries both bounds so the adapter can apply the consumer's

@@ -29,7 +29,7 @@ import cramjam
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 from kafka.record.util import calc_crc32c
 
-from flowmq_kas3.errors import InvalidRecordBatch
+from flowmq_kas3.errors import DecompressedTooLarge, InvalidRecordBatch
 
 HEADER_SIZE = 61
 # baseOffset + length: the bytes of a batch that its length field does not count.
@@ -204,26 +204,70 @@ def compress(codec: int, data: bytes) -> bytes:
     raise InvalidRecordBatch(f"unknown compression codec {codec}")
 
 
-def decompress(codec: int, data: bytes | memoryview) -> bytes:
+_INTO = {CODEC_GZIP: cramjam.gzip, CODEC_LZ4: cramjam.lz4, CODEC_ZSTD: cramjam.zstd}
+_FULL_BUFFER = "whole buffer"  # cramjam's DecompressionError when the output does not fit
+
+
+def _too_large(codec: int, max_size: int) -> DecompressedTooLarge:
+    return DecompressedTooLarge(
+        f"record batch (codec {codec}) decompresses to more than {max_size} bytes"
+    )
+
+
+def _decompress_bounded(codec: int, raw: bytes, max_size: int) -> bytes:
+    """Decompress into buffers of growing size, never one past ``max_size + 1`` bytes:
+    cramjam stops as soon as the output does not fit, so a small batch that would inflate
+    to gigabytes costs at most ``max_size`` bytes and a moment of the event loop."""
+    size = min(max_size + 1, max(64 * 1024, 8 * len(raw)))
+    while True:
+        out = bytearray(size)
+        try:
+            n = _INTO[codec].decompress_into(raw, out)
+        except cramjam.DecompressionError as exc:
+            if _FULL_BUFFER not in str(exc):
+                raise
+            if size > max_size:
+                raise _too_large(codec, max_size) from None
+            size = min(max_size + 1, size * 8)
+            continue
+        if n > max_size:
+            raise _too_large(codec, max_size)
+        del out[n:]
+        return bytes(out)
+
+
+def _snappy_block(block: bytes, budget: int, max_size: int) -> bytes:
+    """One raw snappy block, its declared length checked before decompressing it."""
+    if cramjam.snappy.decompress_raw_len(block) > budget:
+        raise _too_large(CODEC_SNAPPY, max_size)
+    return bytes(cramjam.snappy.decompress_raw(block))
+
+
+def decompress(codec: int, data: bytes | memoryview, max_size: int | None = None) -> bytes:
+    """The batch body ``data`` decompressed; with ``max_size``, ``DecompressedTooLarge``
+    as soon as the output would pass it (nothing larger is ever allocated)."""
+    limit = max_size if max_size is not None else 1 << 62
     try:
-        if codec == CODEC_GZIP:
-            return bytes(cramjam.gzip.decompress(bytes(data)))
         if codec == CODEC_SNAPPY:
             raw = bytes(data)
             if raw.startswith(_XERIAL_MAGIC):
                 pos = _XERIAL_HEADER.size
                 parts = []
+                budget = limit
                 while pos < len(raw):
                     (n,) = _LENGTH.unpack_from(raw, pos)
                     pos += 4
-                    parts.append(bytes(cramjam.snappy.decompress_raw(raw[pos : pos + n])))
+                    parts.append(_snappy_block(raw[pos : pos + n], budget, limit))
+                    budget -= len(parts[-1])
                     pos += n
                 return b"".join(parts)
-            return bytes(cramjam.snappy.decompress_raw(raw))
-        if codec == CODEC_LZ4:
-            return bytes(cramjam.lz4.decompress(bytes(data)))
-        if codec == CODEC_ZSTD:
-            return bytes(cramjam.zstd.decompress(bytes(data)))
+            return _snappy_block(raw, limit, limit)
+        if codec in _INTO:
+            if max_size is not None:
+                return _decompress_bounded(codec, bytes(data), max_size)
+            return bytes(_INTO[codec].decompress(bytes(data)))
+    except DecompressedTooLarge:
+        raise
     except (cramjam.DecompressionError, struct.error, ValueError) as exc:
         raise InvalidRecordBatch(f"cannot decompress record batch (codec {codec}): {exc}") from exc
     raise InvalidRecordBatch(f"unknown compression codec {codec}")
@@ -276,17 +320,21 @@ def encode_messages(messages: Iterable[MessageLike], *, compression: int = CODEC
 
 
 def decode_batch(
-    batch: bytes | bytearray | memoryview, *, include_control: bool = False
+    batch: bytes | bytearray | memoryview,
+    *,
+    include_control: bool = False,
+    max_size: int | None = None,
 ) -> list[Record]:
     """The records of one batch, decompressed; offsets use the batch's baseOffset as it is
     in ``batch`` (patched on fetch).  Control batches (transaction markers) give no records
-    unless ``include_control``."""
+    unless ``include_control``.  ``max_size``: the most its records may decompress to
+    (``DecompressedTooLarge`` past it)."""
     info = _batch_at(batch, 0)
     if info.is_control and not include_control:
         return []
     buf = bytearray(memoryview(batch)[: info.size])
     if info.compression != CODEC_NONE:
-        body = decompress(info.compression, memoryview(buf)[HEADER_SIZE:])
+        body = decompress(info.compression, memoryview(buf)[HEADER_SIZE:], max_size)
         struct.pack_into(">h", buf, 21, info.attributes & ~_CODEC_MASK)
         buf[HEADER_SIZE:] = body
     try:
@@ -298,11 +346,13 @@ def decode_batch(
         raise InvalidRecordBatch(f"corrupt records in batch: {exc}") from exc
 
 
-def decode_batches(buf: bytes | bytearray | memoryview) -> list[Record]:
-    """The records of every batch in ``buf``."""
+def decode_batches(
+    buf: bytes | bytearray | memoryview, *, max_size: int | None = None
+) -> list[Record]:
+    """The records of every batch in ``buf`` (each decompressing to at most ``max_size``)."""
     out: list[Record] = []
     for view in split_batches(buf):
-        out.extend(decode_batch(view))
+        out.extend(decode_batch(view, max_size=max_size))
     return out
 
 

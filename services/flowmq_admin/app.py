@@ -13,6 +13,7 @@ from flowmq_admin import live_handlers as lh
 from flowmq_admin import live_schemas as ls
 from flowmq_admin import schemas
 from flowmq_admin.auth import audit, authenticate, authorize, restrict
+from flowmq_admin.bad_requests import log_bad_requests_briefly
 from flowmq_admin.console import add_routes as add_console_routes
 from flowmq_admin.envelope import ApiError, error_response, from_exception, ok
 from flowmq_admin.openapi import build_document
@@ -351,6 +352,7 @@ async def _metrics(request: web.Request) -> web.Response:
 def create_app(backend: h.AdminBackend, token: str, admin: bool = True) -> web.Application:
     """The HTTP application: metrics always; the admin API and the web console at ``/``
     (flowmq_admin.console) when ``admin`` is on."""
+    log_bad_requests_briefly()
     app = web.Application(middlewares=[_envelope_middleware], client_max_size=MAX_BODY_BYTES)
     app[BACKEND_KEY] = backend
     app[TOKEN_KEY] = token

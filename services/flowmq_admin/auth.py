@@ -91,6 +91,8 @@ def authenticate(
             "unauthorized", "missing Bearer token: send 'Authorization: Bearer <admin token>'",
             headers=challenge,
         )  # fmt: skip
+    if not token.isascii():  # tokens are URL-safe ASCII; anything else cannot match one
+        return error_response("unauthorized", "invalid admin token", headers=challenge)
     if hmac.compare_digest(token.encode(), cluster_token.encode()):
         principal = CLUSTER
     else:
@@ -141,7 +143,7 @@ async def _anyone_scoped(principal: Principal, request: web.Request, _: Any) -> 
 async def _new_user_in_own_namespace(principal: Principal, request: web.Request, _: Any) -> None:
     try:
         body = json.loads(await request.read() or b"null")
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         body = None  # the handler answers for the body
     namespace = body.get("namespace") if isinstance(body, dict) else None
     if namespace is not None and namespace != principal.namespace:

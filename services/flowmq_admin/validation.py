@@ -68,5 +68,10 @@ async def read_json_body(request: web.Request, schema: Schema) -> Any:
         value = json.loads(raw, parse_float=_integral_as_int)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError("invalid_json", f"request body is not valid JSON: {exc}") from None
-    validate(schema, value)
+    except RecursionError:  # nested past the interpreter's stack: no request body needs it
+        raise ApiError("invalid_json", "request body is nested too deeply") from None
+    try:
+        validate(schema, value)
+    except RecursionError:  # parsed, but too deep for the schema validator's recursion
+        raise ApiError("invalid_json", "request body is nested too deeply") from None
     return value

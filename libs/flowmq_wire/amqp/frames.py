@@ -43,6 +43,10 @@ class FrameError(Exception):
     closed with 501 FRAME_ERROR, as nothing after it can be trusted."""
 
 
+class FrameTooLarge(FrameError):
+    """A frame larger than the negotiated frame_max (501 FRAME_ERROR)."""
+
+
 class SyntaxError_(Exception):  # noqa: N801 - the builtin name is taken
     """A method's arguments do not parse: 502 SYNTAX_ERROR."""
 
@@ -69,7 +73,7 @@ class FrameReader:
         while end - pos >= 7:
             frame_type, channel, size = unpack(buf, pos)
             if size + FRAME_OVERHEAD > limit:
-                raise FrameError(f"frame of {size} bytes exceeds frame_max {limit}")
+                raise FrameTooLarge(f"frame of {size} bytes exceeds frame_max {limit}")
             stop = pos + 7 + size
             if stop >= end:
                 break

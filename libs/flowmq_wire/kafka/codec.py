@@ -17,6 +17,7 @@ from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.metadata import ApiVersionsResponse
 
 from flowmq_wire.kafka.errors import ErrorCode, MalformedRequest
+from flowmq_wire.kafka.nulls import null_field
 
 API_VERSIONS_KEY = 18
 _HEAD = struct.Struct(">hhih")
@@ -103,14 +104,18 @@ def parse_request_header(frame: memoryview | bytes) -> RequestHeader:
 
 def decode_request(header: RequestHeader, frame: memoryview) -> Any:
     """The request body as kafka-python's object for ``header.api_version``.  Raises
-    ``MalformedRequest`` for bytes that do not decode."""
+    ``MalformedRequest`` for bytes that do not decode, and for a null (length -1) in a field
+    the schema does not let be null in that version."""
     cls = REQUEST_CLASSES[header.api_key]
+    version = header.api_version
     try:
-        return cls.decode(frame[header.size :], version=header.api_version)
+        request = cls.decode(frame[header.size :], version=version)
     except Exception as exc:  # the generated decoders raise many types on bad input
-        raise MalformedRequest(
-            f"cannot decode {cls.__name__} v{header.api_version}: {exc}"
-        ) from exc
+        raise MalformedRequest(f"cannot decode {cls.__name__} v{version}: {exc}") from exc
+    path = null_field(cls._struct, request, version)
+    if path is not None:
+        raise MalformedRequest(f"{cls.__name__} v{version}: {path} is null")
+    return request
 
 
 def response_class(api_key: int, version: int) -> Any:

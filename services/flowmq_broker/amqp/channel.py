@@ -35,11 +35,11 @@ from flowmq_core.errors import FlowMQError
 from flowmq_queue.errors import QueueFull
 from flowmq_wire.amqp import constants as rc
 from flowmq_wire.amqp import frames as fr
-from flowmq_wire.amqp.methods import decode_method, encode_method
+from flowmq_wire.amqp.methods import UnknownMethod, decode_method, encode_method
 
 log = logging.getLogger(__name__)
 
-MAX_BODY = 64 * 1024 * 1024
+_CLOSE_METHODS = (0x00140028, 0x00140029)  # Channel.Close, Channel.CloseOk
 
 
 class _Content:
@@ -93,6 +93,10 @@ class Channel:
             self.conn.fail(exc.code, exc.text, self._failing_method(payload))
         except fr.SyntaxError_ as exc:
             self.conn.fail(rc.SYNTAX_ERROR, f"SYNTAX_ERROR - {exc}", self._failing_method(payload))
+        except UnknownMethod as exc:  # here too: a frame replayed from the backlog in a task
+            self.conn.fail(
+                rc.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {exc}", self._failing_method(payload)
+            )
 
     @staticmethod
     def _failing_method(payload: bytes) -> int:
@@ -103,15 +107,17 @@ class Channel:
         if content is not None:
             self._content_frame(content, frame_type, payload)
             return
+        if self.closing:
+            # We sent Channel.Close: everything but Close/CloseOk is dropped, the rest of a
+            # refused message's content frames included (spec 4.2.2 / RabbitMQ).
+            if frame_type == fr.FRAME_METHOD and fr.method_index(payload) in _CLOSE_METHODS:
+                self._method(decode_method(payload))
+            return
         if frame_type != fr.FRAME_METHOD:
             raise ConnectionError_(
                 rc.UNEXPECTED_FRAME, f"content frame (type {frame_type}) without Basic.Publish"
             )
         index = fr.method_index(payload)
-        if self.closing:
-            if index in (0x00140028, 0x00140029):  # Channel.Close / CloseOk
-                self._method(decode_method(payload))
-            return
         if index == fr.BASIC_PUBLISH:
             exchange, routing_key, mandatory, immediate = fr.decode_publish(payload)
             if immediate:
@@ -145,11 +151,14 @@ class Channel:
             class_id, size, props = fr.decode_content_header(payload)
             if class_id != fr.CLASS_BASIC:
                 raise ConnectionError_(rc.UNEXPECTED_FRAME, f"content header of class {class_id}")
-            if size > MAX_BODY:
+            max_size = self.shared.limits.max_message_bytes
+            if size > max_size:  # RabbitMQ's max_message_size refusal, word for word
                 self._content = None
+                metrics.limits_rejections_count.labels("amqp_message_bytes").inc()
                 raise ChannelError(
                     rc.PRECONDITION_FAILED,
-                    f"message size {size} is larger than the maximum of {MAX_BODY}",
+                    f"PRECONDITION_FAILED - message size {size} is larger than configured "
+                    f"max size {max_size}",
                 )
             content.props = props
             content.size = size
@@ -166,6 +175,7 @@ class Channel:
             raise ConnectionError_(rc.FRAME_ERROR, "content body is longer than its header said")
         if content.received == content.size:
             self._content = None
+            self.conn.partial_bytes -= content.received - len(payload)
             if content.body:
                 content.body.append(payload)
                 body = b"".join(content.body)
@@ -173,7 +183,24 @@ class Channel:
                 body = payload
             self._publish(content, body)
         else:
+            conn = self.conn
+            conn.partial_bytes += len(payload)
+            if conn.partial_bytes > self.shared.limits.max_partial_bytes:
+                metrics.limits_rejections_count.labels("amqp_partial_bytes").inc()
+                raise ChannelError(
+                    rc.PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - more than {self.shared.limits.max_partial_bytes} "
+                    f"bytes of unfinished message bodies on this connection",
+                )
             content.body.append(payload)
+
+    def _drop_content(self) -> None:
+        """Forget a message still being received (its body bytes no longer count)."""
+        content = self._content
+        if content is not None:
+            self._content = None
+            if content.received < content.size:
+                self.conn.partial_bytes -= content.received
 
     # --- publish ------------------------------------------------------------------------
 
@@ -342,7 +369,7 @@ class Channel:
         if self.closing or self.closed:
             return
         self.closing = True
-        self._content = None
+        self._drop_content()
         self._backlog.clear()
         self.conn.send(
             encode_method(
@@ -352,6 +379,7 @@ class Channel:
         self.consumers.release()
 
     def close(self) -> None:
+        self._drop_content()
         self.consumers.close()
         self.closed = True
         self._backlog.clear()

@@ -30,8 +30,6 @@ from flowmq_wire.amqp.methods import UnknownMethod, decode_method, encode_method
 
 log = logging.getLogger(__name__)
 
-CHANNEL_MAX = 2047
-FRAME_MAX = 131072
 HEARTBEAT_S = 60
 HANDSHAKE_TIMEOUT_S = 10.0
 CLOSE_TIMEOUT_S = 1.0
@@ -57,12 +55,15 @@ class AmqpConnection(asyncio.Protocol):
         self.shared = shared
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.reader = fr.FrameReader(FRAME_MAX)
+        self.limits = shared.limits  # frame_max, channel_max, ... (limits.py)
+        self.reader = fr.FrameReader(self.limits.frame_max)
         # header, start, authenticating, tune, open, opening, opened, closing, closed
         self.state = "header"
         self.channels: dict[int, Channel] = {}
-        self.frame_max = FRAME_MAX
-        self.channel_max = CHANNEL_MAX
+        self.frame_max = self.limits.frame_max
+        self.channel_max = self.limits.channel_max
+        # Body bytes received of messages not yet complete, on every channel (limits.py).
+        self.partial_bytes = 0
         self.heartbeat = 0
         self.namespace = DEFAULT_NAMESPACE
         self.vhost = "/"
@@ -152,6 +153,8 @@ class AmqpConnection(asyncio.Protocol):
         try:
             frames = self.reader.feed(data)
         except fr.FrameError as exc:
+            if isinstance(exc, fr.FrameTooLarge):
+                metrics.limits_rejections_count.labels("amqp_frame_max").inc()
             self.fail(rc.FRAME_ERROR, f"FRAME_ERROR - {exc}", 0)
             self.flush()
             return
@@ -238,6 +241,7 @@ class AmqpConnection(asyncio.Protocol):
                 rc.CHANNEL_ERROR, f"expected Channel.Open on channel {number}, got {method.name}"
             )
         if number > self.channel_max:
+            metrics.limits_rejections_count.labels("amqp_channel_max").inc()
             raise ConnectionError_(
                 rc.CHANNEL_ERROR, f"channel {number} is above channel_max {self.channel_max}"
             )
@@ -404,13 +408,20 @@ class AmqpConnection(asyncio.Protocol):
 
     def _tune(self) -> None:
         self.state = "tune"
-        self.send(encode_method(0, commands.Connection.Tune(CHANNEL_MAX, FRAME_MAX, HEARTBEAT_S)))
+        limits = self.limits
+        self.send(
+            encode_method(
+                0, commands.Connection.Tune(limits.channel_max, limits.frame_max, HEARTBEAT_S)
+            )
+        )
 
     def _tune_ok(self, m: commands.Connection.TuneOk) -> None:
         if m.frame_max and m.frame_max < fr.FRAME_MIN_SIZE:
             raise ConnectionError_(rc.SYNTAX_ERROR, f"frame_max {m.frame_max} is below 4096")
-        self.frame_max = min(m.frame_max or FRAME_MAX, FRAME_MAX)
-        self.channel_max = min(m.channel_max or CHANNEL_MAX, CHANNEL_MAX)
+        limits = self.limits
+        self.frame_max = min(m.frame_max or limits.frame_max, limits.frame_max)
+        self.reader.max_frame_size = self.frame_max  # what was agreed, from now on
+        self.channel_max = min(m.channel_max or limits.channel_max, limits.channel_max)
         self.heartbeat = m.heartbeat
         self.state = "open"
         if self._timer is not None:

@@ -223,12 +223,15 @@ class Consumers:
         if not m.nowait:
             self.conn.send(encode_method(self.number, commands.Basic.ConsumeOk(tag)))
         ctag = fr.shortstr(tag)
+        # No prefetch count: amqp_max_unacked instead of none, so the unacknowledged
+        # deliveries the channel holds stay bounded (limits.py).
+        prefetch = self.prefetch or (0 if m.no_ack else self.shared.limits.max_unacked)
         if isinstance(target, MemoryQueue):
             consumer: Any = MemConsumer(
                 target,
                 tag,
                 lambda c, batch: self.deliver_memory(ctag, c, batch),
-                self.prefetch,
+                prefetch,
                 bool(m.no_ack),
             )
             consumer.paused = self.conn.paused_writing or not self.flow_active
@@ -240,7 +243,7 @@ class Consumers:
                 name,
                 tag,
                 lambda deliveries: self.deliver_durable(ctag, deliveries),
-                prefetch=self.prefetch,
+                prefetch=prefetch,
                 no_ack=bool(m.no_ack),
             )
             if self.conn.paused_writing or not self.flow_active:
@@ -280,8 +283,12 @@ class Consumers:
     async def get(
         self, name: str, target: MemoryQueue | Destination, m: commands.Basic.Get
     ) -> None:
-        """Basic.Get from queue ``name``: Get-Ok with one message, or Get-Empty."""
+        """Basic.Get from queue ``name``: Get-Ok with one message, or Get-Empty (also while
+        the channel holds ``amqp_max_unacked`` unacknowledged deliveries: limits.py)."""
         conn = self.conn
+        if not m.no_ack and len(self.unacked) >= self.shared.limits.max_unacked:
+            conn.send(encode_method(self.number, commands.Basic.GetEmpty()))
+            return
         if isinstance(target, MemoryQueue):
             if not target.buffer:
                 conn.send(encode_method(self.number, commands.Basic.GetEmpty()))

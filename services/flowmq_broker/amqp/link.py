@@ -22,6 +22,8 @@ class Link(Protocol):
     # What the client may do there (flowmq_core.acl), from Connection.Open on.
     access: Access
     frame_max: int
+    # Body bytes received of messages not yet complete, on every channel (limits.py).
+    partial_bytes: int
     # The transport's write buffer is over its high-water mark: deliveries wait.
     paused_writing: bool
     loop: asyncio.AbstractEventLoop

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flowmq_broker.amqp.exchanges import ExchangeRegistry
+from flowmq_broker.amqp.limits import AmqpLimits
 from flowmq_broker.amqp.link import Link
 from flowmq_broker.amqp.memqueue import MemConsumer, MemoryQueue, MemoryQueues
 from flowmq_broker.queues import QueueService
@@ -30,6 +31,7 @@ class AmqpState:
         self.router = services.router
         self.catalog = services.catalog
         self.allow_anonymous = bool(services.config.allow_anonymous)  # resolved: never None
+        self.limits = AmqpLimits.from_config(services.config)
         self.queues: QueueService = services.queues
         self.exchanges = ExchangeRegistry(services.meta)
         self.memqueues = MemoryQueues(self.router)

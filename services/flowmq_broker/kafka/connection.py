@@ -29,6 +29,7 @@ from flowmq_core.limits import MAX_CLIENT_ID_BYTES, utf8_size
 from flowmq_wire.kafka import (
     API_VERSIONS_KEY,
     FrameSplitter,
+    FrameTooLarge,
     KafkaCodecError,
     api_name,
     api_versions_error,
@@ -112,6 +113,7 @@ class KafkaConnection(asyncio.Protocol):
         self._read_paused = False
         self._write_paused = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._last_read = self._loop.time()  # for the idle timeout (KafkaServer's sweep)
 
     # -- transport callbacks -----------------------------------------------------------------
 
@@ -201,9 +203,15 @@ class KafkaConnection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        self._last_read = self._loop.time()
         try:
             frames = self.splitter.feed(data)
         except KafkaCodecError as exc:
+            if isinstance(exc, FrameTooLarge):  # closed before any of it is buffered
+                authenticated = self.user is not None or self.server.allow_anonymous
+                metrics.limits_rejections_count.labels(
+                    "kafka_request_bytes" if authenticated else "kafka_pre_auth_request_bytes"
+                ).inc()
             log.info("kafka %s: %s; closing the connection", self.peer, exc)
             self.close()
             return
@@ -357,6 +365,17 @@ class KafkaConnection(asyncio.Protocol):
         elif not pause and self._read_paused:
             self._read_paused = False
             transport.resume_reading()
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since the client last sent anything, 0 while a request of it is still
+        being answered (a long-polling Fetch is not idleness)."""
+        return 0.0 if self._slots or self._tasks else now - self._last_read
+
+    def close_idle(self, timeout: float) -> None:
+        """Kafka's connections.max.idle.ms: the client reconnects when it needs to."""
+        metrics.limits_rejections_count.labels("kafka_idle_timeout").inc()
+        log.info("kafka %s: idle for more than %.0f s; closing", self.peer, timeout)
+        self.close()
 
     def close(self) -> None:
         """Write what is answered, then close; later answers are dropped."""

@@ -40,6 +40,8 @@ class ServerState(Protocol):
 
     services: BrokerServices
     max_request_size: int
+    max_message_bytes: int  # message.max.bytes: the largest record batch a Produce may carry
+    max_fetch_bytes: int  # fetch.max.bytes: the most a Fetch answers (beyond one batch)
     # (api key, min version, max version) for every API served: what ApiVersions lists.
     supported: list[tuple[int, int, int]]
     cluster: ClusterView

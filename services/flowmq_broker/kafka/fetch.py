@@ -1,9 +1,13 @@
 """Fetch (with long poll) and ListOffsets.
 
 Record bytes go out exactly as stored (base offsets already patched by the store).  A Fetch
-reads its partitions concurrently; while the result is below ``min_bytes`` it waits on the
-partitions' high watermarks (``StreamStore.wait_for_any``) until ``max_wait_ms`` and reads
-again.  Sessions (KIP-227) are not kept: every answer is a full one with session id 0,
+answers at most min(its ``max_bytes``, ``kafka_fetch_max_bytes``) (Kafka's fetch.max.bytes),
+except that the first non-empty partition always gives at least one whole batch (KIP-74), so
+a consumer always progresses.  Partitions are read in request order, a few at a time, each
+given what is left of that budget (``_read_within``): once it is spent, the rest are not
+read at all, so what one Fetch pulls from storage stays near its budget.  While the result
+is below ``min_bytes`` it waits on the partitions' high watermarks
+(``StreamStore.wait_for_any``) until ``max_wait_ms`` and reads again.  Sessions (KIP-227) are not kept: every answer is a full one with session id 0,
 which clients take as "no session" and keep sending full requests.
 """
 
@@ -25,6 +29,9 @@ from flowmq_wire.kafka import ErrorCode
 log = logging.getLogger(__name__)
 
 _EMPTY = b""
+# Partitions read concurrently (storage round trips overlap); each wave reserves its reads'
+# limits out of the budget, so a wave never asks for more than what is left.
+_READ_WAVE = 8
 
 
 class _Want(NamedTuple):
@@ -77,6 +84,44 @@ async def _read(ctx: RequestContext, want: _Want, limit: int) -> _Got:
     return _Got(ErrorCode.NONE, result.records, result.high_watermark, result.log_start_offset)
 
 
+async def _unread(ctx: RequestContext, want: _Want) -> _Got:
+    """A partition left out once the budget is spent: no records, its offsets for the
+    client's lag (from the meta store alone)."""
+    if want.error:
+        return _Got(want.error, _EMPTY, -1, -1)
+    store = ctx.server.services.streams
+    try:
+        info = await store.partition_info(ctx.tenant.namespace, want.topic, want.partition)
+    except Exception as exc:
+        log.warning("kafka: offsets of %s[%d] unavailable: %s", want.topic, want.partition, exc)
+        return _Got(ErrorCode.KAFKA_STORAGE_ERROR, _EMPTY, -1, -1)
+    return _Got(ErrorCode.NONE, _EMPTY, info.high_watermark, info.log_start_offset)
+
+
+async def _read_within(
+    ctx: RequestContext, wants: list[_Want], budget: int
+) -> tuple[list[_Got], bool]:
+    """Every partition's answer, reading only while ``budget`` bytes last; and whether
+    every partition was read."""
+    got: list[_Got] = []
+    i, n = 0, len(wants)
+    while i < n and budget > 0:
+        reads = []
+        reserved = 0
+        while i < n and len(reads) < _READ_WAVE and reserved < budget:
+            want = wants[i]
+            limit = min(want.max_bytes, budget - reserved)
+            reads.append(_read(ctx, want, limit))
+            reserved += max(limit, 0)
+            i += 1
+        wave = await asyncio.gather(*reads)
+        got.extend(wave)
+        budget -= sum(len(g.records) for g in wave)
+    if i < n:
+        got.extend(await asyncio.gather(*(_unread(ctx, w) for w in wants[i:])))
+    return got, i == n
+
+
 async def handle_fetch(ctx: RequestContext, req: Any) -> Any:
     server = ctx.server
     conn = ctx.conn
@@ -93,12 +138,13 @@ async def handle_fetch(ctx: RequestContext, req: Any) -> Any:
         )
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
-    max_bytes = req.max_bytes if ctx.version >= 3 and req.max_bytes > 0 else 1 << 30
+    asked = req.max_bytes if ctx.version >= 3 and req.max_bytes > 0 else 1 << 31
+    max_bytes = min(asked, server.max_fetch_bytes)
     wants = _wants(ctx, req)
     store = server.services.streams
     ns = ctx.tenant.namespace
     while True:
-        got = await asyncio.gather(*(_read(ctx, w, min(w.max_bytes, max_bytes)) for w in wants))
+        got, complete = await _read_within(ctx, wants, max_bytes)
         size = sum(len(g.records) for g in got)
         remaining = deadline - loop.time()
         if size >= req.min_bytes or remaining <= 0 or any(g.error for g in got):
@@ -108,16 +154,27 @@ async def handle_fetch(ctx: RequestContext, req: Any) -> Any:
         ]
         if not await store.wait_for_any(positions, remaining):
             break
-    return _response(ctx, wants, got, max_bytes)
+    response, trimmed = _response(ctx, wants, got, max_bytes)
+    if (trimmed or not complete) and asked > max_bytes:  # the broker's cap, not the client's
+        metrics.limits_rejections_count.labels("kafka_fetch_bytes").inc()
+        log.info(
+            "kafka %s: Fetch of up to %d bytes answered with at most kafka_fetch_max_bytes %d",
+            conn.peer, asked, max_bytes,
+        )  # fmt: skip
+    return response
 
 
-def _response(ctx: RequestContext, wants: list[_Want], got: list[_Got], max_bytes: int) -> Any:
+def _response(
+    ctx: RequestContext, wants: list[_Want], got: list[_Got], max_bytes: int
+) -> tuple[Any, bool]:
+    """The Fetch response, and whether records were left out for ``max_bytes``."""
     resp = ctx.response
     topic_cls = resp.FetchableTopicResponse
     part_cls = topic_cls.PartitionData
     by_topic: dict[str, list[Any]] = {}
     budget = max_bytes
     out_records = out_bytes = 0
+    trimmed = False
     for want, g in zip(wants, got, strict=True):
         records = g.records
         if records:
@@ -125,6 +182,7 @@ def _response(ctx: RequestContext, wants: list[_Want], got: list[_Got], max_byte
             # the request's max_bytes lasts.
             if out_bytes and len(records) > budget:
                 records = _EMPTY
+                trimmed = True
             else:
                 budget -= len(records)
                 out_bytes += len(records)
@@ -145,12 +203,13 @@ def _response(ctx: RequestContext, wants: list[_Want], got: list[_Got], max_byte
         ns = ctx.tenant.namespace
         metrics.kafka_messages_out_count.labels(ns).inc(out_records)
         metrics.kafka_messages_out_bytes_count.labels(ns).inc(out_bytes)
-    return resp(
+    response = resp(
         throttle_time_ms=0,
         error_code=ErrorCode.NONE,
         session_id=0,
         responses=[topic_cls(topic=name, partitions=parts) for name, parts in by_topic.items()],
     )
+    return response, trimmed
 
 
 # -- ListOffsets -------------------------------------------------------------------------------

@@ -283,7 +283,7 @@ def _broker_configs(ctx: RequestContext) -> list[tuple[str, str, int, int, bool]
         ("broker.id", str(server.cluster.local.id), _STATIC_BROKER, _INT, True),
         ("default.replication.factor", "1", _DEFAULT, _INT, True),
         ("log.retention.ms", str(DEFAULT_STREAM_RETENTION_MS), _DEFAULT, _LONG, True),
-        ("message.max.bytes", "1048588", _DEFAULT, _INT, True),
+        ("message.max.bytes", str(server.max_message_bytes), _STATIC_BROKER, _INT, True),
         ("num.partitions", "1", _DEFAULT, _INT, True),
         ("offsets.topic.replication.factor", "1", _DEFAULT, _INT, True),
         ("socket.request.max.bytes", str(server.max_request_size), _STATIC_BROKER, _INT, True),

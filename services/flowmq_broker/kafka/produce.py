@@ -29,7 +29,7 @@ from flowmq_core.acl import STREAM as STREAM_RESOURCE
 from flowmq_core.errors import FlowMQError
 from flowmq_core.mapping import kafka_to_canonical
 from flowmq_core.message import Message
-from flowmq_kas3.errors import InvalidRecordBatch, Kas3Error
+from flowmq_kas3.errors import DecompressedTooLarge, InvalidRecordBatch, Kas3Error
 from flowmq_kas3.records import BatchesSummary, crc_ok, decode_batches, iter_batches
 from flowmq_meta.catalog import STREAM
 from flowmq_wire.kafka import ErrorCode
@@ -74,14 +74,22 @@ class _Part:
         self.message = message
 
 
-def _validate(records: bytes) -> BatchesSummary:
+class _BatchTooLarge(Exception):
+    """A record batch larger than message.max.bytes (MESSAGE_TOO_LARGE)."""
+
+
+def _validate(records: bytes, max_batch_bytes: int) -> BatchesSummary:
     """What the store needs to know about the chunk (``StreamStore.append_nowait`` takes it
     instead of parsing the batches again); raises ``InvalidRecordBatch`` for bad framing or
-    CRC."""
+    CRC, ``_BatchTooLarge`` for a batch past ``max_batch_bytes``."""
     count = batches = 0
     max_ts = -1
     view = memoryview(records)
     for info in iter_batches(records):
+        if info.size > max_batch_bytes:
+            raise _BatchTooLarge(
+                f"record batch of {info.size} bytes exceeds message.max.bytes {max_batch_bytes}"
+            )
         if not crc_ok(view[info.position : info.position + info.size]):
             raise InvalidRecordBatch(f"record batch at byte {info.position} fails its CRC")
         count += info.offset_count
@@ -98,6 +106,7 @@ def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]],
     topics = ctx.tenant.topics
     ns = ctx.tenant.namespace
     access = ctx.conn.access
+    max_batch_bytes = ctx.server.max_message_bytes
     plan: list[tuple[str, list[_Part]]] = []
     missing: list[str] = []
     for t in req.topic_data:
@@ -141,10 +150,13 @@ def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]],
                 part.fail(ErrorCode.CORRUPT_MESSAGE, "no records")
                 continue
             try:
-                part.summary = _validate(part.records)
+                part.summary = _validate(part.records, max_batch_bytes)
                 part.batch = producer_batch(part.records)
             except InvalidRecordBatch as exc:
                 part.fail(ErrorCode.CORRUPT_MESSAGE, str(exc))
+                continue
+            except _BatchTooLarge as exc:  # counted and logged once, in _submit
+                part.fail(ErrorCode.MESSAGE_TOO_LARGE, str(exc))
                 continue
             if part.batch is not None:
                 part.key = (ns, name, part.index, part.batch.producer_id)
@@ -270,6 +282,9 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
     for name, parts in plan:
         for part in parts:
             if part.error:
+                if part.error == ErrorCode.MESSAGE_TOO_LARGE:
+                    metrics.limits_rejections_count.labels("kafka_message_bytes").inc()
+                    log.info("kafka %s: %s (topic %s); refused", ctx.conn.peer, part.message, name)
                 continue
             verdict = part.verdict
             if verdict is not None:
@@ -286,6 +301,11 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
                 copies = _route_elsewhere(ctx, name, part, req.acks)
                 part.copies = len(copies)
                 routed.extend(copies)
+            except DecompressedTooLarge as exc:
+                metrics.limits_rejections_count.labels("kafka_decompressed_bytes").inc()
+                log.info("kafka %s: %s (topic %s); refused", ctx.conn.peer, exc, name)
+                part.fail(ErrorCode.MESSAGE_TOO_LARGE, str(exc))
+                continue
             except InvalidRecordBatch as exc:
                 part.fail(ErrorCode.CORRUPT_MESSAGE, str(exc))
                 continue
@@ -325,6 +345,8 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
     gathered = asyncio.gather(*waits, *routed, return_exceptions=True)
 
     def finish(g: asyncio.Future[list[Any]]) -> None:
+        if answer.done():  # cancelled: the connection closed while the writes were pending
+            return
         try:
             results = g.result()
             _apply(plan, results[: len(waits)])
@@ -408,7 +430,8 @@ def _route_elsewhere(ctx: RequestContext, name: str, part: _Part, acks: int) -> 
         return []
     pending: list[Any] = []
     qos = 1 if acks else 0
-    for record in decode_batches(part.records):
+    # Decompressed only here, and never to more than message.max.bytes per batch.
+    for record in decode_batches(part.records, max_size=server.max_message_bytes):
         message = Message(
             topic=canonical,
             payload=record.value if record.value is not None else b"",

@@ -25,7 +25,7 @@ from flowmq_broker.listeners import listen
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.tls import ServerTls
 from flowmq_meta.group_offsets import GroupOffsetStore
-from flowmq_wire.kafka import API_NAMES, DEFAULT_MAX_FRAME, FrameSplitter, api_name
+from flowmq_wire.kafka import API_NAMES, FrameSplitter, api_name
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +60,17 @@ API_TABLE: list[tuple[int, int, int, Handler]] = [
 
 
 class KafkaServer:
-    def __init__(
-        self, services: BrokerServices, *, max_request_size: int = DEFAULT_MAX_FRAME
-    ) -> None:
+    def __init__(self, services: BrokerServices, *, max_request_size: int | None = None) -> None:
         self.services = services
-        self.max_request_size = max_request_size
-        self.allow_anonymous = bool(services.config.allow_anonymous)  # resolved: never None
+        config = services.config
+        self.max_request_size = max_request_size or config.kafka_max_request_bytes
+        self.max_message_bytes = config.kafka_message_max_bytes
+        self.max_fetch_bytes = config.kafka_fetch_max_bytes
+        self.idle_timeout = config.kafka_idle_timeout
+        self._idle_sweep: asyncio.TimerHandle | None = None
+        self.allow_anonymous = bool(config.allow_anonymous)  # resolved: never None
         self.cluster = ClusterView(
-            services.node_id, services.nodes, advertised_host=services.config.advertised_host
+            services.node_id, services.nodes, advertised_host=config.advertised_host
         )
         self.tenants = Tenants(services, self._forget_topic)
         self.offsets = GroupOffsetStore(services.meta)
@@ -90,6 +93,8 @@ class KafkaServer:
             lambda: KafkaConnection(self), port, self.services.config.bind
         )
         self.cluster.start(self.port)
+        if self.idle_timeout > 0:
+            self._schedule_idle_sweep()
         return self.port
 
     async def start_tls(self, port: int, tls: ServerTls) -> int:
@@ -103,6 +108,8 @@ class KafkaServer:
         return bound
 
     async def stop(self) -> None:
+        if self._idle_sweep is not None:
+            self._idle_sweep.cancel()
         servers = [s for s in (self._server, self._tls_server) if s is not None]
         for server in servers:
             server.close()
@@ -113,6 +120,19 @@ class KafkaServer:
         await self.offsets.close()
         for server in servers:
             await server.wait_closed()
+
+    def _schedule_idle_sweep(self) -> None:
+        # One timer for the listener, not one per connection: a connection is closed between
+        # idle_timeout and idle_timeout + a quarter of it (at most 30 s) after its last read.
+        interval = min(self.idle_timeout / 4, 30.0)
+        self._idle_sweep = asyncio.get_running_loop().call_later(interval, self._sweep_idle)
+
+    def _sweep_idle(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for conn in list(self.connections):
+            if not conn.closing and conn.idle_for(now) > self.idle_timeout:
+                conn.close_idle(self.idle_timeout)
+        self._schedule_idle_sweep()
 
     # -- shared helpers for handlers and connections -------------------------------------------
 

@@ -7,7 +7,7 @@ import struct
 
 import pika
 import pytest
-from pamqp import commands
+from pamqp import commands, frame
 
 from tests.fixtures.broker_process import start_broker
 from tests.fixtures.cli import flowmq_user
@@ -147,6 +147,22 @@ def test_540_not_implemented(amqp) -> None:
     assert err.reply_code == 540
     assert connection_error(amqp(), lambda ch: ch.tx_select()).reply_code == 540
     assert connection_error(amqp(), lambda ch: ch.basic_recover(requeue=False)).reply_code == 540
+
+
+def test_540_for_an_unknown_method_behind_a_declare_in_the_same_write(amqp, raw, uid) -> None:
+    """The unknown method waits behind the Declare (which needs the meta store): it is
+    still refused with 540, not dropped with an exception inside the broker."""
+    bystander = amqp().channel()
+    client = raw()
+    client.handshake()
+    client.send((commands.Channel.Open(), 1))
+    client.expect(commands.Channel.OpenOk)
+    unknown = b"\x00\x63\x00\x01"
+    declare = frame.marshal(commands.Queue.Declare(queue=f"q-{uid}"), 1)
+    client.send_raw(declare + struct.pack(">BHI", 1, 1, len(unknown)) + unknown + b"\xce")
+    client.expect(commands.Queue.DeclareOk)
+    assert client.closed_with().reply_code == 540
+    assert bystander.queue_declare(f"by-{uid}").method.queue == f"by-{uid}"
 
 
 def test_504_channel_error(raw) -> None:

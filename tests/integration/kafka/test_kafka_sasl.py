@@ -25,7 +25,7 @@ from tests.fixtures.addresses import loopback_address
 from tests.fixtures.broker_process import BrokerProcess, start_broker
 from tests.fixtures.cli import flowmq_user
 from tests.fixtures.waiting import wait_until
-from tests.integration.kafka.conftest import RawKafka, bootstrap, confluent_conf
+from tests.integration.kafka.conftest import RawKafka, bootstrap, confluent_conf, metric
 from tests.integration.kafka.test_kafka_protocol import API_VERSIONS, METADATA, produce
 
 ck = pytest.importorskip("confluent_kafka")
@@ -298,12 +298,15 @@ def test_unknown_user_is_refused_even_when_anonymous_allowed(broker):
 def test_a_large_frame_before_authentication_closes_at_once(secured, uid):
     """A frame declaring 100 MiB (the limit once authenticated) closes the connection as
     soon as its size is read: nothing of it is buffered or awaited."""
+    sample = 'limits_rejections_count{limit="kafka_pre_auth_request_bytes"}'
+    before = metric(secured, sample)
     raw = RawKafka(secured.ports["kafka"], loopback_address())
     raw.send_raw(struct.pack(">i", 100 * 1024 * 1024) + b"\x00\x00\x00\x03" + b"x" * 1000)
     started = time.monotonic()
     assert raw.is_closed(timeout=5)
     assert time.monotonic() - started < SASL_TIMEOUT_S  # not the idle timeout
     raw.close()
+    assert metric(secured, sample) == before + 1
     # Once authenticated, frames past 512 KiB are fine.
     client = RawKafka(secured.ports["kafka"], loopback_address())
     assert scram_login(client, "SCRAM-SHA-512", "alice", "s3cret").error_code == 0

@@ -10,6 +10,7 @@ PACKAGE = "flowmq_broker.amqp"
 # Bottom to top; a module may import only those before it.
 LAYERS = [
     "errors",
+    "limits",
     "messages",
     "exchanges",
     "memqueue",

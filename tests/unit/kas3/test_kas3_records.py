@@ -9,6 +9,7 @@ import pytest
 from kafka.record.default_records import DefaultRecordBatch
 
 from flowmq_kas3 import TOPIC_HEADER, InvalidRecordBatch, build_batch, decode_batch, encode_messages
+from flowmq_kas3.errors import DecompressedTooLarge
 from flowmq_kas3.records import (
     CODEC_NAMES,
     HEADER_SIZE,
@@ -113,3 +114,17 @@ def test_control_batches_decode_to_no_records() -> None:
     struct.pack_into(">h", batch, 21, attrs)
     assert decode_batch(batch) == []
     assert summarize(batch).offset_count == 1  # still occupies its offset
+
+
+@pytest.mark.parametrize("name", sorted(n for n in CODEC_NAMES if n != "none"))
+def test_decompression_stops_at_max_size(name: str) -> None:
+    """A batch that inflates past ``max_size`` is refused without being inflated: gigabyte
+    bombs cost what ``max_size`` allows; batches within it decode as without a bound."""
+    codec = CODEC_NAMES[name]
+    bomb = build_batch([(None, bytes(1 << 20), [], 0)] * 16, compression=codec)
+    assert len(bomb) < 1 << 20
+    with pytest.raises(DecompressedTooLarge):
+        decode_batches(bomb, max_size=1 << 20)
+    fits = build_batch([(None, b"y" * 300_000, [], 0)] * 3, compression=codec)
+    assert len(decode_batches(fits, max_size=1 << 20)) == 3
+    assert len(decode_batches(bomb)) == 16

@@ -11,54 +11,55 @@ from aiohttp import web
 from flowmq_admin.envelope import ApiError
 from flowmq_admin.handlers import AdminBackend
 from flowmq_admin.operations import Operation, Param
-from flowmq_admin.schemas import NAMESPACE_CREATE, Schema
+from flowmq_admin.schemas import (
+    INTEGER,
+    NAMESPACE_NAME,
+    STRING,
+    Schema,
+    described,
+    each,
+    enum,
+    obj,
+)
 from flowmq_admin.validation import read_json_body
 from flowmq_meta import tokens
 from flowmq_meta.tokens import MAX_DESCRIPTION_CHARS, ROLES
 
 API = "/api/v1"
 
-TOKEN_CREATE: Schema = {
-    "type": "object",
-    "properties": {
-        "namespace": NAMESPACE_CREATE["properties"]["name"],
-        "role": {
-            "type": "string",
-            "enum": list(ROLES),
-            "description": "admin: read and change within the namespace; viewer: read only.",
-        },
+TOKEN_CREATE: Schema = obj(
+    {
+        "namespace": NAMESPACE_NAME,
+        "role": enum(ROLES, "admin: read and change within the namespace; viewer: read only."),
         "description": {"type": "string", "maxLength": MAX_DESCRIPTION_CHARS},
     },
-    "required": ["namespace", "role"],
-    "additionalProperties": False,
+    ["namespace", "role"],
+    closed=True,
+)
+
+_TOKEN_VIEW: dict[str, Schema] = {
+    **each(STRING, "id", "namespace"),
+    "role": enum(ROLES),
+    "description": STRING,
+    "created_at_ms": INTEGER,
 }
 
-TOKEN: Schema = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "namespace": {"type": "string"},
-        "role": {"type": "string", "enum": list(ROLES)},
-        "description": {"type": "string"},
-        "created_at_ms": {"type": "integer"},
-    },
-    "required": ["id", "namespace", "role", "description", "created_at_ms"],
-    "additionalProperties": False,
-    "description": "A namespace-scoped admin token as the API shows it: never its secret.",
-}
+TOKEN: Schema = obj(
+    _TOKEN_VIEW,
+    _TOKEN_VIEW,
+    closed=True,
+    description="A namespace-scoped admin token as the API shows it: never its secret.",
+)
 
-TOKEN_CREATED: Schema = {
-    **TOKEN,
-    "properties": {
-        **TOKEN["properties"],
-        "token": {
-            "type": "string",
-            "description": "The Bearer token itself: shown only in this answer, keep it.",
-        },
+TOKEN_CREATED: Schema = obj(
+    {
+        **_TOKEN_VIEW,
+        "token": described(STRING, "The Bearer token itself: shown only in this answer, keep it."),
     },
-    "required": [*TOKEN["required"], "token"],
-    "description": "The new token, with its secret (shown only this once).",
-}
+    [*_TOKEN_VIEW, "token"],
+    closed=True,
+    description="The new token, with its secret (shown only this once).",
+)
 
 _TOKEN_ID = Param(
     "id",

@@ -8,9 +8,8 @@ from typing import Any
 
 from aiohttp import web
 
-from flowmq_admin.envelope import ApiError
-from flowmq_admin.handlers import AdminBackend
-from flowmq_admin.operations import Operation, Param
+from flowmq_admin.handlers import AdminBackend, changes_metadata, delete_by_key
+from flowmq_admin.operations import Operation, path_param
 from flowmq_admin.schemas import (
     INTEGER,
     NAMESPACE_NAME,
@@ -20,6 +19,7 @@ from flowmq_admin.schemas import (
     each,
     enum,
     obj,
+    text,
 )
 from flowmq_admin.validation import read_json_body
 from flowmq_meta import tokens
@@ -61,13 +61,7 @@ TOKEN_CREATED: Schema = obj(
     description="The new token, with its secret (shown only this once).",
 )
 
-_TOKEN_ID = Param(
-    "id",
-    "path",
-    {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[0-9a-f]+$"},
-    required=True,
-    description="A token id from GET /tokens.",
-)
+_TOKEN_ID = path_param("id", text(64, "^[0-9a-f]+$"), "A token id from GET /tokens.")
 
 
 async def list_tokens(request: web.Request, backend: AdminBackend) -> Any:
@@ -76,21 +70,20 @@ async def list_tokens(request: web.Request, backend: AdminBackend) -> Any:
     return [t.view() for t in sorted(found, key=lambda t: (t.namespace, t.created_at_ms, t.id))]
 
 
+@changes_metadata
 async def create_token(request: web.Request, backend: AdminBackend) -> Any:
     body = await read_json_body(request, TOKEN_CREATE)
     token, secret = await tokens.create_token(
         backend.tokens.store, body["namespace"], body["role"], body.get("description", "")
     )
-    await backend.metadata_changed()
     return {**token.view(), "token": secret}
 
 
-async def delete_token(request: web.Request, backend: AdminBackend) -> Any:
-    token_id = request.match_info["id"]
-    if not await tokens.delete_token(backend.tokens.store, token_id):
-        raise ApiError("not_found", f"token {token_id!r} does not exist")
-    await backend.metadata_changed()
-    return {"deleted": token_id}
+delete_token = delete_by_key(
+    "id",
+    lambda backend, token_id: tokens.delete_token(backend.tokens.store, token_id),
+    "token {!r} does not exist",
+)
 
 
 def token_operations() -> list[Operation]:

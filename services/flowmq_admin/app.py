@@ -17,7 +17,7 @@ from flowmq_admin.bad_requests import log_bad_requests_briefly
 from flowmq_admin.console import add_routes as add_console_routes
 from flowmq_admin.envelope import ApiError, error_response, from_exception, ok
 from flowmq_admin.openapi import build_document
-from flowmq_admin.operations import PARAMS_KEY, Operation, Param
+from flowmq_admin.operations import PARAMS_KEY, Operation, Param, path_param
 from flowmq_admin.token_handlers import token_operations
 from flowmq_admin.validation import validate
 from flowmq_core.errors import FlowMQError
@@ -35,69 +35,40 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 _NAMESPACE_QUERY = Param(
     "namespace",
     "query",
-    {
-        "type": "string",
-        "minLength": 1,
-        "maxLength": 64,
-        "pattern": "^[A-Za-z0-9_-]+$",
-        "default": "default",
-    },
+    {**schemas.NAMESPACE_NAME, "default": "default"},
     description="Namespace of the destination (default: default).",
 )
-_NAME = Param("name", "path", {"type": "string", "minLength": 1, "maxLength": 255}, required=True)
-_TOPIC_PATH = Param(
+_NAME = path_param("name", schemas.text(255))
+# 16384 characters percent-encode to at most 192 KiB, within the request-line limit.
+_TOPIC_PATH = path_param(
     "topic",
-    "path",
-    # 16384 characters percent-encode to at most 192 KiB, within the request-line limit.
-    {"type": "string", "minLength": 1, "maxLength": 16384},
-    required=True,
-    description="Canonical topic (at most 16384 characters here); '/' may be sent as-is "
-    "or percent-encoded.",
+    schemas.text(16384),
+    "Canonical topic (at most 16384 characters here)",
     multi_level=True,
 )
-_GROUP = Param(
-    "group",
-    "path",
-    {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[^/]+$"},
-    required=True,
-    description="Consumer group id (Kafka group.id)",
-)
-_CLIENT_ID = Param(
+_GROUP = path_param("group", schemas.text(255, "^[^/]+$"), "Consumer group id (Kafka group.id)")
+# Client ids are at most MAX_CLIENT_ID_BYTES; 1024 characters leave room for addresses.
+_CLIENT_ID = path_param(
     "id",
-    "path",
-    # Client ids are at most MAX_CLIENT_ID_BYTES; 1024 characters leave room for addresses.
-    {"type": "string", "minLength": 1, "maxLength": 1024},
-    required=True,
-    description="A connection id from GET /clients (protocol:address), or an MQTT client "
-    "identifier ('/' may be sent as-is or percent-encoded).",
+    schemas.text(1024),
+    "A connection id from GET /clients (protocol:address), or an MQTT client identifier",
     multi_level=True,
 )
 
 
 def _int_query(name: str, minimum: int, maximum: int, default: int | None, text: str) -> Param:
-    schema: dict = {"type": "integer", "minimum": minimum, "maximum": maximum}
-    if default is not None:
-        schema["default"] = default
-    return Param(name, "query", schema, description=text)
+    keywords = {} if default is None else {"default": default}
+    return Param(name, "query", schemas.int_range(minimum, maximum, **keywords), description=text)
 
 
-_USERNAME = Param(
-    "username",
-    "path",
-    schemas.USERNAME,
-    required=True,
-    description="The user name; '/' may be sent as-is or percent-encoded.",
-    multi_level=True,
-)
-
-
+_USERNAME = path_param("username", schemas.USERNAME, "The user name", multi_level=True)
 _ACL_NAMESPACE_QUERY = Param(
     "namespace",
     "query",
-    {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[A-Za-z0-9_-]+$"},
+    schemas.NAMESPACE_NAME,
     description="Only the rules of this namespace (default: every namespace's).",
 )
-_ACL_ID = Param("id", "path", schemas.ACL_ID, required=True)
+_ACL_ID = path_param("id", schemas.ACL_ID)
 
 
 def _destination_operations(
@@ -181,8 +152,7 @@ def _live_operations() -> list[Operation]:
         Operation("GET", f"{API}/clients", lh.list_clients, "listClients",
                   "Client connections on this broker (MQTT, AMQP, Kafka)", "Clients",
                   {"type": "array", "items": ls.CLIENT},
-                  params=(Param("protocol", "query",
-                                {"type": "string", "enum": ["mqtt", "amqp", "kafka"]},
+                  params=(Param("protocol", "query", schemas.enum(["mqtt", "amqp", "kafka"]),
                                 description="Only this protocol's connections."),),
                   errors=(400, 401, 422)),
         Operation("DELETE", f"{API}/clients/{{id}}", lh.disconnect_client, "disconnectClient",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
@@ -34,6 +35,18 @@ from flowmq_meta.catalog import (
 )
 from flowmq_meta.tokens import TokenDirectory
 from flowmq_meta.users import UserDirectory
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamRead:
+    """An operator's read of one stream partition (``GET /streams/{name}/messages``)."""
+
+    namespace: str
+    name: str
+    partition: int
+    offset: int | None  # None: from the log start
+    limit: int  # records at the most
+    wait_ms: int  # how long to wait for a first record when there is none yet
 
 
 class AdminBackend(Protocol):
@@ -70,15 +83,7 @@ class AdminBackend(Protocol):
 
     async def queue_counts(self, dest: Destination) -> dict[str, Any]: ...
 
-    async def read_stream(
-        self,
-        namespace: str,
-        name: str,
-        partition: int,
-        offset: int | None,
-        limit: int,
-        wait_ms: int,
-    ) -> dict[str, Any]:
+    async def read_stream(self, read: StreamRead) -> dict[str, Any]:
         """``{"records": [kas3 Record], "next_offset", "high_watermark", "log_start_offset"}``."""
 
     async def peek_queue(self, namespace: str, name: str, limit: int) -> list[dict[str, Any]]:
@@ -108,27 +113,64 @@ def namespace_of(request: web.Request) -> str:
     return namespace
 
 
+def namespace_filter(request: web.Request) -> str | None:
+    """The namespace a list is cut down to: the one ``?namespace=`` names, else none (all)."""
+    return namespace_of(request) if "namespace" in request.query else None
+
+
+BackendHandler = Callable[[web.Request, AdminBackend], Awaitable[Any]]
+
+
+def changes_metadata(handler: BackendHandler) -> BackendHandler:
+    """For a handler that changes the meta store (through its change log): once the change is
+    made, this broker routes and authorizes by it at once (``metadata_changed``); the other
+    brokers follow by gossip or anti-entropy."""
+
+    @functools.wraps(handler)
+    async def changed(request: web.Request, backend: AdminBackend) -> Any:
+        result = await handler(request, backend)
+        await backend.metadata_changed()
+        return result
+
+    return changed
+
+
+def delete_by_key(
+    key: str, delete: Callable[[AdminBackend, str], Awaitable[bool]], missing: str
+) -> BackendHandler:
+    """DELETE of the record the path's ``key`` names; ``delete`` is false when there was none
+    (404, ``missing`` formatted with the key's repr)."""
+
+    @changes_metadata
+    async def handler(request: web.Request, backend: AdminBackend) -> Any:
+        value = request.match_info[key]
+        if not await delete(backend, value):
+            raise ApiError("not_found", missing.format(value))
+        return {"deleted": value}
+
+    return handler
+
+
 # --- namespaces ----------------------------------------------------------------------------
 async def list_namespaces(request: web.Request, backend: AdminBackend) -> Any:
     return await backend.catalog.list_namespaces()
 
 
+@changes_metadata
 async def create_namespace(request: web.Request, backend: AdminBackend) -> Any:
     body = await read_json_body(request, schemas.NAMESPACE_CREATE)
-    created = await backend.catalog.create_namespace(body["name"])
-    await backend.metadata_changed()
-    return created
+    return await backend.catalog.create_namespace(body["name"])
 
 
 async def get_namespace(request: web.Request, backend: AdminBackend) -> Any:
     return await backend.catalog.get_namespace(request.match_info["name"])
 
 
+@changes_metadata
 async def delete_namespace(request: web.Request, backend: AdminBackend) -> Any:
     name = request.match_info["name"]
     await backend.catalog.delete_namespace(name)
     await tokens.delete_namespace_tokens(backend.tokens.store, name)  # not for a namesake
-    await backend.metadata_changed()
     return {"deleted": name}
 
 
@@ -239,12 +281,11 @@ def list_handler(resource: DestinationResource):
 
 
 def create_handler(resource: DestinationResource):
+    @changes_metadata
     async def handler(request: web.Request, backend: AdminBackend) -> Any:
         body = await read_json_body(request, resource.create_schema)
         dest = resource.build(namespace_of(request), body["name"], body, None)
-        created = await backend.catalog.create_destination(dest)
-        await backend.metadata_changed()
-        return resource.view(created)
+        return resource.view(await backend.catalog.create_destination(dest))
 
     return handler
 
@@ -260,6 +301,7 @@ def get_handler(resource: DestinationResource):
 
 
 def update_handler(resource: DestinationResource):
+    @changes_metadata
     async def handler(request: web.Request, backend: AdminBackend) -> Any:
         body = await read_json_body(request, resource.update_schema)
 
@@ -269,88 +311,81 @@ def update_handler(resource: DestinationResource):
         updated = await backend.catalog.update_destination(
             namespace_of(request), request.match_info["name"], resource.type, change
         )
-        await backend.metadata_changed()
         return resource.view(updated)
 
     return handler
 
 
 def delete_handler(resource: DestinationResource):
+    @changes_metadata
     async def handler(request: web.Request, backend: AdminBackend) -> Any:
         name = request.match_info["name"]
         await backend.catalog.delete_destination(namespace_of(request), name, resource.type)
-        await backend.metadata_changed()
         return {"deleted": name}
 
     return handler
 
 
 # --- users -------------------------------------------------------------------------------------
-# Changes go through the meta store's change log; ``metadata_changed`` makes this broker's
-# directory reload at once, and the others follow by gossip or anti-entropy.
+# Changes go through the meta store's change log (``changes_metadata``: this broker's directory
+# reloads at once).
 async def list_users(request: web.Request, backend: AdminBackend) -> Any:
     found = await users.load_users(backend.users.store)
     return [users.user_view(found[name]) for name in sorted(found)]
 
 
+@changes_metadata
 async def create_user(request: web.Request, backend: AdminBackend) -> Any:
     body = await read_json_body(request, schemas.USER_CREATE)
-    created = await users.create_user(
+    return await users.create_user(
         backend.users.store,
         body["username"],
         body["password"],
         body.get("namespace", request.get(NAMESPACE_KEY, DEFAULT_NAMESPACE)),
     )
-    await backend.metadata_changed()
-    return created
 
 
+@changes_metadata
 async def update_user(request: web.Request, backend: AdminBackend) -> Any:
     body = await read_json_body(request, schemas.USER_UPDATE)
-    updated = await users.set_password(
+    return await users.set_password(
         backend.users.store, request.match_info["username"], body["password"]
     )
-    await backend.metadata_changed()
-    return updated
 
 
-async def delete_user(request: web.Request, backend: AdminBackend) -> Any:
-    name = request.match_info["username"]
-    if not await users.delete_user(backend.users.store, name):
-        raise ApiError("not_found", f"user {name!r} does not exist")
-    await backend.metadata_changed()
-    return {"deleted": name}
+delete_user = delete_by_key(
+    "username",
+    lambda backend, name: users.delete_user(backend.users.store, name),
+    "user {!r} does not exist",
+)
 
 
 # --- ACLs ----------------------------------------------------------------------------------------
-# Like users: committed with a change-log entry; ``metadata_changed`` applies the change here
-# at once (the rules reload), the other brokers follow by gossip or anti-entropy.
+# Like users: committed with a change-log entry; ``changes_metadata`` applies the change here
+# at once (the rules reload).
 async def list_acls(request: web.Request, backend: AdminBackend) -> Any:
-    namespace = namespace_of(request) if "namespace" in request.query else None
-    return await acls.list_rules(backend.catalog.store, namespace)
+    return await acls.list_rules(backend.catalog.store, namespace_filter(request))
 
 
+@changes_metadata
 async def create_acl(request: web.Request, backend: AdminBackend) -> Any:
     body = await read_json_body(request, schemas.ACL_CREATE)
     rule = Rule(
         body["principal"], body["namespace"], body["resource"], body["action"], body["effect"]
     )
-    created = await acls.create_rule(backend.catalog.store, rule)
-    await backend.metadata_changed()
-    return created
+    return await acls.create_rule(backend.catalog.store, rule)
 
 
-async def delete_acl(request: web.Request, backend: AdminBackend) -> Any:
-    rule_id = request.match_info["id"]
-    if not await acls.delete_rule(backend.catalog.store, rule_id):
-        raise ApiError("not_found", f"no ACL rule has id {rule_id!r}")
-    await backend.metadata_changed()
-    return {"deleted": rule_id}
+delete_acl = delete_by_key(
+    "id",
+    lambda backend, rule_id: acls.delete_rule(backend.catalog.store, rule_id),
+    "no ACL rule has id {!r}",
+)
 
 
 # --- subscriptions, routes, cluster ----------------------------------------------------------
 async def list_subscriptions(request: web.Request, backend: AdminBackend) -> Any:
-    namespace = namespace_of(request) if "namespace" in request.query else None
+    namespace = namespace_filter(request)
     return [s for s in backend.subscriptions() if namespace is None or s["namespace"] == namespace]
 
 

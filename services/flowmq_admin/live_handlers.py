@@ -11,7 +11,7 @@ from aiohttp import web
 
 from flowmq_admin import live_schemas
 from flowmq_admin.envelope import ApiError
-from flowmq_admin.handlers import AdminBackend, namespace_of
+from flowmq_admin.handlers import AdminBackend, StreamRead, namespace_of
 from flowmq_admin.operations import PARAMS_KEY
 from flowmq_admin.validation import read_json_body
 from flowmq_core.message import Message
@@ -95,12 +95,14 @@ async def read_stream(request: web.Request, backend: AdminBackend) -> Any:
             f"stream {name!r} has {partitions} partition(s): no partition {partition}",
         )
     read = await backend.read_stream(
-        namespace,
-        name,
-        partition,
-        param(request, "offset"),
-        param(request, "limit", 100),
-        param(request, "wait_ms", 0),
+        StreamRead(
+            namespace,
+            name,
+            partition,
+            offset=param(request, "offset"),
+            limit=param(request, "limit", 100),
+            wait_ms=param(request, "wait_ms", 0),
+        )
     )
     return {
         "stream": name,

@@ -4,270 +4,213 @@ OpenAPI document's components."""
 
 from __future__ import annotations
 
-from flowmq_admin.schemas import STREAM_CREATE, Schema
+from flowmq_admin.schemas import (
+    BOOLEAN,
+    ENCODING,
+    INTEGER,
+    NULLABLE_INTEGER,
+    NULLABLE_STRING,
+    STREAM_NAME,
+    STRING,
+    Schema,
+    array,
+    described,
+    each,
+    enum,
+    int_range,
+    obj,
+)
 
-HEALTH: Schema = {
-    "type": "object",
-    "properties": {
-        "status": {"type": "string", "const": "ok"},
-        "node_id": {"type": "string"},
-        "version": {"type": "string"},
+HEALTH: Schema = obj(
+    {"status": {"type": "string", "const": "ok"}, **each(STRING, "node_id", "version")},
+    ["status", "node_id", "version"],
+)
+
+_CHECK: Schema = obj(
+    {
+        "ok": BOOLEAN,
+        "ms": described({"type": "number"}, "How long the check took"),
+        "error": NULLABLE_STRING,
     },
-    "required": ["status", "node_id", "version"],
-}
+    ["ok", "error"],
+)
 
-_CHECK: Schema = {
-    "type": "object",
-    "properties": {
-        "ok": {"type": "boolean"},
-        "ms": {"type": "number", "description": "How long the check took"},
-        "error": {"type": ["string", "null"]},
-    },
-    "required": ["ok", "error"],
-}
+_CHECKS = ("meta", "objects", "cluster")
 
-READY: Schema = {
-    "type": "object",
-    "properties": {
+READY: Schema = obj(
+    {
         "status": {"type": "string", "const": "ready"},
-        "node_id": {"type": "string"},
-        "checks": {
-            "type": "object",
-            "properties": {"meta": _CHECK, "objects": _CHECK, "cluster": _CHECK},
-            "required": ["meta", "objects", "cluster"],
-        },
+        "node_id": STRING,
+        "checks": obj(each(_CHECK, *_CHECKS), _CHECKS),
     },
-    "required": ["status", "node_id", "checks"],
-}
+    ["status", "node_id", "checks"],
+)
 
-_ENCODING: Schema = {
-    "type": "string",
-    "enum": ["utf8", "base64"],
-    "description": "How the value beside it is given: UTF-8 text as is, anything else base64",
-}
+_ENCODING: Schema = described(
+    ENCODING, "How the value beside it is given: UTF-8 text as is, anything else base64"
+)
 
-_HEADER: Schema = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "value": {"type": ["string", "null"]},
-        "encoding": _ENCODING,
-    },
-    "required": ["name", "value", "encoding"],
-}
+_HEADER: Schema = obj(
+    {"name": STRING, "value": NULLABLE_STRING, "encoding": _ENCODING},
+    ["name", "value", "encoding"],
+)
 
-STREAM_RECORD: Schema = {
-    "type": "object",
-    "properties": {
-        "partition": {"type": "integer"},
-        "offset": {"type": "integer"},
-        "timestamp_ms": {"type": "integer"},
-        "topic": {
-            "type": ["string", "null"],
-            "description": "Canonical topic it was published to (null: produced by Kafka)",
-        },
-        "key": {"type": ["string", "null"]},
+_HEADERS: Schema = array(_HEADER)
+
+STREAM_RECORD: Schema = obj(
+    {
+        **each(INTEGER, "partition", "offset", "timestamp_ms"),
+        "topic": described(
+            NULLABLE_STRING, "Canonical topic it was published to (null: produced by Kafka)"
+        ),
+        "key": NULLABLE_STRING,
         "key_encoding": _ENCODING,
-        "value": {"type": ["string", "null"]},
+        "value": NULLABLE_STRING,
         "value_encoding": _ENCODING,
-        "headers": {"type": "array", "items": _HEADER},
+        "headers": _HEADERS,
     },
-    "required": ["partition", "offset", "timestamp_ms", "key", "value", "headers"],
-}
+    ["partition", "offset", "timestamp_ms", "key", "value", "headers"],
+)
 
-STREAM_MESSAGES: Schema = {
-    "type": "object",
-    "properties": {
-        "stream": {"type": "string"},
-        "namespace": {"type": "string"},
-        "partition": {"type": "integer"},
-        "records": {"type": "array", "items": STREAM_RECORD},
-        "next_offset": {"type": "integer", "description": "Offset to read from next"},
-        "high_watermark": {"type": "integer"},
-        "log_start_offset": {"type": "integer"},
+STREAM_MESSAGES: Schema = obj(
+    {
+        **each(STRING, "stream", "namespace"),
+        "partition": INTEGER,
+        "records": array(STREAM_RECORD),
+        "next_offset": described(INTEGER, "Offset to read from next"),
+        **each(INTEGER, "high_watermark", "log_start_offset"),
     },
-    "required": ["stream", "partition", "records", "next_offset", "high_watermark"],
-}
+    ["stream", "partition", "records", "next_offset", "high_watermark"],
+)
 
-QUEUE_MESSAGE: Schema = {
-    "type": "object",
-    "properties": {
-        "seq": {"type": "integer"},
-        "redelivered": {"type": "boolean"},
-        "topic": {"type": "string"},
-        "timestamp_ms": {"type": "integer"},
-        "key": {"type": ["string", "null"]},
+QUEUE_MESSAGE: Schema = obj(
+    {
+        "seq": INTEGER,
+        "redelivered": BOOLEAN,
+        "topic": STRING,
+        "timestamp_ms": INTEGER,
+        "key": NULLABLE_STRING,
         "key_encoding": _ENCODING,
-        "payload": {"type": "string"},
+        "payload": STRING,
         "encoding": _ENCODING,
-        "content_type": {"type": ["string", "null"]},
-        "headers": {"type": "array", "items": _HEADER},
+        "content_type": NULLABLE_STRING,
+        "headers": _HEADERS,
     },
-    "required": ["seq", "topic", "payload", "encoding", "headers"],
-}
+    ["seq", "topic", "payload", "encoding", "headers"],
+)
 
-QUEUE_MESSAGES: Schema = {
-    "type": "object",
-    "properties": {
-        "queue": {"type": "string"},
-        "namespace": {"type": "string"},
-        "messages": {"type": "array", "items": QUEUE_MESSAGE},
+QUEUE_MESSAGES: Schema = obj(
+    {**each(STRING, "queue", "namespace"), "messages": array(QUEUE_MESSAGE)},
+    ["queue", "messages"],
+)
+
+QUEUE_TAKE: Schema = obj(
+    {
+        "max_messages": int_range(
+            1, 100, "Take up to this many (default 1); fewer if the queue has fewer", default=1
+        )
     },
-    "required": ["queue", "messages"],
-}
+    closed=True,
+)
 
-QUEUE_TAKE: Schema = {
-    "type": "object",
-    "properties": {
-        "max_messages": {
-            "type": "integer",
-            "minimum": 1,
-            "maximum": 100,
-            "default": 1,
-            "description": "Take up to this many (default 1); fewer if the queue has fewer",
-        }
+QUEUE_PURGED: Schema = obj(
+    {
+        **each(STRING, "queue", "namespace"),
+        "purged": described(INTEGER, "Ready messages dropped"),
     },
-    "additionalProperties": False,
-}
+    ["queue", "purged"],
+)
 
-QUEUE_PURGED: Schema = {
-    "type": "object",
-    "properties": {
-        "queue": {"type": "string"},
-        "namespace": {"type": "string"},
-        "purged": {"type": "integer", "description": "Ready messages dropped"},
+_GROUP_IDENTITY: dict[str, Schema] = each(STRING, "group", "namespace")
+
+GROUP_SUMMARY: Schema = obj(
+    {
+        **_GROUP_IDENTITY,
+        "coordinator": described(
+            NULLABLE_STRING, "Node that coordinates the group (null: no Kafka listener here)"
+        ),
+        "state": described(
+            NULLABLE_STRING, "Kafka group state, when this broker coordinates the group"
+        ),
+        "members": NULLABLE_INTEGER,
     },
-    "required": ["queue", "purged"],
-}
+    ["group", "namespace"],
+)
 
-GROUP_SUMMARY: Schema = {
-    "type": "object",
-    "properties": {
-        "group": {"type": "string"},
-        "namespace": {"type": "string"},
-        "coordinator": {
-            "type": ["string", "null"],
-            "description": "Node that coordinates the group (null: no Kafka listener here)",
-        },
-        "state": {
-            "type": ["string", "null"],
-            "description": "Kafka group state, when this broker coordinates the group",
-        },
-        "members": {"type": ["integer", "null"]},
+_MEMBER: Schema = obj(
+    {
+        "member_id": STRING,
+        "group_instance_id": NULLABLE_STRING,
+        **each(STRING, "client_id", "client_host"),
     },
-    "required": ["group", "namespace"],
-}
+    ["member_id"],
+)
 
-GROUP: Schema = {
-    "type": "object",
-    "properties": {
+_COMMITTED_OFFSET: Schema = obj(
+    {
+        "stream": STRING,
+        **each(INTEGER, "partition", "committed_offset", "end_offset", "lag"),
+        "metadata": NULLABLE_STRING,
+        "commit_timestamp_ms": INTEGER,
+    },
+    ["stream", "partition", "committed_offset", "end_offset", "lag"],
+)
+
+GROUP: Schema = obj(
+    {
         **GROUP_SUMMARY["properties"],
         "members": {
             "type": ["array", "null"],
             "description": "Live members (null: another broker coordinates the group)",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "member_id": {"type": "string"},
-                    "group_instance_id": {"type": ["string", "null"]},
-                    "client_id": {"type": "string"},
-                    "client_host": {"type": "string"},
-                },
-                "required": ["member_id"],
-            },
+            "items": _MEMBER,
         },
-        "offsets": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "stream": {"type": "string"},
-                    "partition": {"type": "integer"},
-                    "committed_offset": {"type": "integer"},
-                    "end_offset": {"type": "integer"},
-                    "lag": {"type": "integer"},
-                    "metadata": {"type": ["string", "null"]},
-                    "commit_timestamp_ms": {"type": "integer"},
-                },
-                "required": ["stream", "partition", "committed_offset", "end_offset", "lag"],
-            },
-        },
-        "lag": {"type": "integer", "description": "Sum of the partitions' lag"},
+        "offsets": array(_COMMITTED_OFFSET),
+        "lag": described(INTEGER, "Sum of the partitions' lag"),
     },
-    "required": ["group", "namespace", "offsets", "lag"],
-}
+    ["group", "namespace", "offsets", "lag"],
+)
 
-GROUP_RESET: Schema = {
-    "type": "object",
-    "properties": {
-        "stream": STREAM_CREATE["properties"]["name"],
+GROUP_RESET: Schema = obj(
+    {
+        "stream": STREAM_NAME,
         "to": {
-            "oneOf": [
-                {"type": "string", "enum": ["earliest", "latest"]},
-                {"type": "integer", "minimum": 0, "maximum": 2**62},
-            ],
+            "oneOf": [enum(["earliest", "latest"]), int_range(0, 2**62)],
             "description": "earliest (log start), latest (end) or an offset (clamped into the log)",
         },
-        "partition": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": 1023,
-            "description": "One partition (default: all of the stream's)",
-        },
+        "partition": int_range(0, 1023, "One partition (default: all of the stream's)"),
     },
-    "required": ["stream", "to"],
-    "additionalProperties": False,
-}
+    ["stream", "to"],
+    closed=True,
+)
 
-GROUP_RESET_RESULT: Schema = {
-    "type": "object",
-    "properties": {
-        "group": {"type": "string"},
-        "namespace": {"type": "string"},
-        "stream": {"type": "string"},
-        "offsets": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"partition": {"type": "integer"}, "offset": {"type": "integer"}},
-                "required": ["partition", "offset"],
-            },
-        },
+GROUP_RESET_RESULT: Schema = obj(
+    {
+        **_GROUP_IDENTITY,
+        "stream": STRING,
+        "offsets": array(obj(each(INTEGER, "partition", "offset"), ["partition", "offset"])),
     },
-    "required": ["group", "stream", "offsets"],
-}
+    ["group", "stream", "offsets"],
+)
 
-CLIENT: Schema = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string", "description": "protocol:address; what DELETE takes"},
-        "protocol": {"type": "string", "enum": ["mqtt", "amqp", "kafka"]},
-        "protocol_version": {"type": ["string", "null"]},
-        "node_id": {"type": "string"},
-        "address": {"type": "string"},
-        "namespace": {"type": "string"},
-        "user": {"type": ["string", "null"]},
-        "client_id": {"type": ["string", "null"], "description": "MQTT client identifier"},
-        "connected": {"type": "boolean", "description": "Past the protocol handshake"},
-        "session": {
-            "type": ["object", "null"],
-            "description": "MQTT: session expiry interval and whether it persists",
-        },
-        "subscriptions": {
-            "type": "array",
-            "items": {"type": "string"},
-            "description": "MQTT topic filters; AMQP queues consumed",
-        },
-        "inflight": {
-            "type": ["integer", "null"],
-            "description": "MQTT: QoS 1/2 messages unacknowledged; AMQP: unacked deliveries",
-        },
+CLIENT: Schema = obj(
+    {
+        "id": described(STRING, "protocol:address; what DELETE takes"),
+        "protocol": enum(["mqtt", "amqp", "kafka"]),
+        "protocol_version": NULLABLE_STRING,
+        **each(STRING, "node_id", "address", "namespace"),
+        "user": NULLABLE_STRING,
+        "client_id": described(NULLABLE_STRING, "MQTT client identifier"),
+        "connected": described(BOOLEAN, "Past the protocol handshake"),
+        "session": described(
+            {"type": ["object", "null"]}, "MQTT: session expiry interval and whether it persists"
+        ),
+        "subscriptions": array(STRING, "MQTT topic filters; AMQP queues consumed"),
+        "inflight": described(
+            NULLABLE_INTEGER,
+            "MQTT: QoS 1/2 messages unacknowledged; AMQP: unacked deliveries",
+        ),
     },
-    "required": ["id", "protocol", "node_id", "address", "subscriptions"],
-}
+    ["id", "protocol", "node_id", "address", "subscriptions"],
+)
 
-CLIENTS_DISCONNECTED: Schema = {
-    "type": "object",
-    "properties": {"disconnected": {"type": "array", "items": {"type": "string"}}},
-    "required": ["disconnected"],
-}
+CLIENTS_DISCONNECTED: Schema = obj({"disconnected": array(STRING)}, ["disconnected"])

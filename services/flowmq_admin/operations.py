@@ -36,6 +36,16 @@ class Param:
     multi_level: bool = False  # a topic: may hold '/', so it matches the rest of the path
 
 
+def path_param(
+    name: str, schema: Schema, description: str = "", *, multi_level: bool = False
+) -> Param:
+    """A path parameter (always required).  A multi-level one may hold '/' and its description
+    says how it may be sent."""
+    if multi_level:
+        description += "; '/' may be sent as-is or percent-encoded."
+    return Param(name, "path", schema, True, description, multi_level)
+
+
 @dataclasses.dataclass(frozen=True)
 class Operation:
     method: str

@@ -8,65 +8,60 @@ from typing import Any
 
 from aiohttp import web
 
-from flowmq_admin.envelope import ApiError
-from flowmq_admin.handlers import AdminBackend
-from flowmq_admin.operations import Operation, Param
-from flowmq_admin.schemas import NAMESPACE_CREATE, Schema
+from flowmq_admin.handlers import AdminBackend, changes_metadata, delete_by_key
+from flowmq_admin.operations import Operation, path_param
+from flowmq_admin.schemas import (
+    INTEGER,
+    NAMESPACE_NAME,
+    STRING,
+    Schema,
+    described,
+    each,
+    enum,
+    obj,
+    text,
+)
 from flowmq_admin.validation import read_json_body
 from flowmq_meta import tokens
 from flowmq_meta.tokens import MAX_DESCRIPTION_CHARS, ROLES
 
 API = "/api/v1"
 
-TOKEN_CREATE: Schema = {
-    "type": "object",
-    "properties": {
-        "namespace": NAMESPACE_CREATE["properties"]["name"],
-        "role": {
-            "type": "string",
-            "enum": list(ROLES),
-            "description": "admin: read and change within the namespace; viewer: read only.",
-        },
+TOKEN_CREATE: Schema = obj(
+    {
+        "namespace": NAMESPACE_NAME,
+        "role": enum(ROLES, "admin: read and change within the namespace; viewer: read only."),
         "description": {"type": "string", "maxLength": MAX_DESCRIPTION_CHARS},
     },
-    "required": ["namespace", "role"],
-    "additionalProperties": False,
-}
-
-TOKEN: Schema = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "namespace": {"type": "string"},
-        "role": {"type": "string", "enum": list(ROLES)},
-        "description": {"type": "string"},
-        "created_at_ms": {"type": "integer"},
-    },
-    "required": ["id", "namespace", "role", "description", "created_at_ms"],
-    "additionalProperties": False,
-    "description": "A namespace-scoped admin token as the API shows it: never its secret.",
-}
-
-TOKEN_CREATED: Schema = {
-    **TOKEN,
-    "properties": {
-        **TOKEN["properties"],
-        "token": {
-            "type": "string",
-            "description": "The Bearer token itself: shown only in this answer, keep it.",
-        },
-    },
-    "required": [*TOKEN["required"], "token"],
-    "description": "The new token, with its secret (shown only this once).",
-}
-
-_TOKEN_ID = Param(
-    "id",
-    "path",
-    {"type": "string", "minLength": 1, "maxLength": 64, "pattern": "^[0-9a-f]+$"},
-    required=True,
-    description="A token id from GET /tokens.",
+    ["namespace", "role"],
+    closed=True,
 )
+
+_TOKEN_VIEW: dict[str, Schema] = {
+    **each(STRING, "id", "namespace"),
+    "role": enum(ROLES),
+    "description": STRING,
+    "created_at_ms": INTEGER,
+}
+
+TOKEN: Schema = obj(
+    _TOKEN_VIEW,
+    _TOKEN_VIEW,
+    closed=True,
+    description="A namespace-scoped admin token as the API shows it: never its secret.",
+)
+
+TOKEN_CREATED: Schema = obj(
+    {
+        **_TOKEN_VIEW,
+        "token": described(STRING, "The Bearer token itself: shown only in this answer, keep it."),
+    },
+    [*_TOKEN_VIEW, "token"],
+    closed=True,
+    description="The new token, with its secret (shown only this once).",
+)
+
+_TOKEN_ID = path_param("id", text(64, "^[0-9a-f]+$"), "A token id from GET /tokens.")
 
 
 async def list_tokens(request: web.Request, backend: AdminBackend) -> Any:
@@ -75,21 +70,20 @@ async def list_tokens(request: web.Request, backend: AdminBackend) -> Any:
     return [t.view() for t in sorted(found, key=lambda t: (t.namespace, t.created_at_ms, t.id))]
 
 
+@changes_metadata
 async def create_token(request: web.Request, backend: AdminBackend) -> Any:
     body = await read_json_body(request, TOKEN_CREATE)
     token, secret = await tokens.create_token(
         backend.tokens.store, body["namespace"], body["role"], body.get("description", "")
     )
-    await backend.metadata_changed()
     return {**token.view(), "token": secret}
 
 
-async def delete_token(request: web.Request, backend: AdminBackend) -> Any:
-    token_id = request.match_info["id"]
-    if not await tokens.delete_token(backend.tokens.store, token_id):
-        raise ApiError("not_found", f"token {token_id!r} does not exist")
-    await backend.metadata_changed()
-    return {"deleted": token_id}
+delete_token = delete_by_key(
+    "id",
+    lambda backend, token_id: tokens.delete_token(backend.tokens.store, token_id),
+    "token {!r} does not exist",
+)
 
 
 def token_operations() -> list[Operation]:

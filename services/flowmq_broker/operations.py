@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowmq_admin.handlers import StreamRead
 from flowmq_broker.group_admin import GroupAdmin
 from flowmq_broker.live import LiveViews
 from flowmq_broker.queues import QueueService
@@ -51,17 +52,11 @@ class OperationsBackend:
         assert self.live is not None
         return await self.live.queue_counts(dest.namespace, dest.name)
 
-    async def read_stream(
-        self,
-        namespace: str,
-        name: str,
-        partition: int,
-        offset: int | None,
-        limit: int,
-        wait_ms: int,
-    ) -> dict[str, Any]:
+    async def read_stream(self, read: StreamRead) -> dict[str, Any]:
         assert self.live is not None
-        return await self.live.read_stream(namespace, name, partition, offset, limit, wait_ms)
+        return await self.live.read_stream(
+            read.namespace, read.name, read.partition, read.offset, read.limit, read.wait_ms
+        )
 
     async def peek_queue(self, namespace: str, name: str, limit: int) -> list[dict[str, Any]]:
         assert self.queues is not None

@@ -34,12 +34,15 @@ TOKEN_COLUMNS = ("id", "namespace", "role", "description", "created_at_ms")
 ACL_COLUMNS = ("id", "principal", "namespace", "resource", "action", "effect")
 
 
-def _done(ctx: Context, data: Any, text: str) -> int:
-    """A change went through: the answer for scripts, one line for people."""
-    if ctx.fmt == "table":
-        ctx.out.write(text + "\n")
-    else:
+def _done(ctx: Context, data: dict[str, Any], said: str, **computed: str) -> int:
+    """A change went through: the answer as it is for scripts; for people, the one line
+    ``said`` with its ``{fields}`` filled from the answer (a list joined with ", ") or from
+    ``computed``."""
+    if ctx.fmt != "table":
         emit(data, ctx.fmt)
+        return 0
+    fields = {k: ", ".join(map(str, v)) if isinstance(v, list) else v for k, v in data.items()}
+    ctx.out.write(said.format_map({**fields, **computed}) + "\n")
     return 0
 
 
@@ -73,7 +76,7 @@ def _describer(plural: str) -> Handler:
 def _deleter(plural: str, noun: str) -> Handler:
     def handler(args: argparse.Namespace, ctx: Context) -> int:
         data = ctx.api.call("DELETE", f"/{plural}/{quote(args.name)}", query=ctx.ns_query)
-        return _done(ctx, data, f"{noun} {args.name} deleted")
+        return _done(ctx, data, noun + " {deleted} deleted")
 
     return handler
 
@@ -99,10 +102,7 @@ def stream_create(args: argparse.Namespace, ctx: Context) -> int:
     body = {"name": args.name, **_settings(args, _STREAM_SETTINGS)}
     data = ctx.api.call("POST", "/streams", body, ctx.ns_query)
     return _done(
-        ctx,
-        data,
-        f"stream {data['name']} created: {data['partitions']} partition(s), "
-        f"filters {', '.join(data['topic_filters'])}",
+        ctx, data, "stream {name} created: {partitions} partition(s), filters {topic_filters}"
     )
 
 
@@ -113,7 +113,7 @@ def stream_update(args: argparse.Namespace, ctx: Context) -> int:
             "nothing to update: give --filter, --partitions, --retention-ms or --retention-bytes"
         )
     data = ctx.api.call("PUT", f"/streams/{quote(args.name)}", body, ctx.ns_query)
-    return _done(ctx, data, f"stream {data['name']} updated")
+    return _done(ctx, data, "stream {name} updated")
 
 
 # --- queues ----------------------------------------------------------------------------------
@@ -129,12 +129,12 @@ _QUEUE_SETTINGS = {
 def queue_create(args: argparse.Namespace, ctx: Context) -> int:
     body = {"name": args.name, **_settings(args, {**_QUEUE_SETTINGS, "shards": "shards"})}
     data = ctx.api.call("POST", "/queues", body, ctx.ns_query)
-    return _done(ctx, data, f"queue {data['name']} created: filter {data['topic_filter']}")
+    return _done(ctx, data, "queue {name} created: filter {topic_filter}")
 
 
 def queue_purge(args: argparse.Namespace, ctx: Context) -> int:
     data = ctx.api.call("POST", f"/queues/{quote(args.name)}/purge", query=ctx.ns_query)
-    return _done(ctx, data, f"queue {args.name}: {data['purged']} message(s) purged")
+    return _done(ctx, data, "queue {queue}: {purged} message(s) purged")
 
 
 # --- subscriptions, namespaces ----------------------------------------------------------------
@@ -150,12 +150,12 @@ def namespace_list(args: argparse.Namespace, ctx: Context) -> int:
 
 def namespace_create(args: argparse.Namespace, ctx: Context) -> int:
     data = ctx.api.call("POST", "/namespaces", {"name": args.name})
-    return _done(ctx, data, f"namespace {data['name']} created")
+    return _done(ctx, data, "namespace {name} created")
 
 
 def namespace_delete(args: argparse.Namespace, ctx: Context) -> int:
     data = ctx.api.call("DELETE", f"/namespaces/{quote(args.name)}")
-    return _done(ctx, data, f"namespace {args.name} deleted")
+    return _done(ctx, data, "namespace {deleted} deleted")
 
 
 # --- admin tokens ------------------------------------------------------------------------------
@@ -181,7 +181,7 @@ def token_list(args: argparse.Namespace, ctx: Context) -> int:
 
 def token_delete(args: argparse.Namespace, ctx: Context) -> int:
     data = ctx.api.call("DELETE", f"/tokens/{quote(args.id)}")
-    return _done(ctx, data, f"token {args.id} deleted")
+    return _done(ctx, data, "token {deleted} deleted")
 
 
 # --- ACL rules ----------------------------------------------------------------------------------
@@ -195,10 +195,7 @@ def acl_add(args: argparse.Namespace, ctx: Context) -> int:
     }
     data = ctx.api.call("POST", "/acls", body)
     return _done(
-        ctx,
-        data,
-        f"rule {data['id']} added: {data['effect']} {data['principal']} {data['action']} "
-        f"{data['resource']} in {data['namespace']}",
+        ctx, data, "rule {id} added: {effect} {principal} {action} {resource} in {namespace}"
     )
 
 
@@ -210,7 +207,7 @@ def acl_list(args: argparse.Namespace, ctx: Context) -> int:
 
 def acl_delete(args: argparse.Namespace, ctx: Context) -> int:
     data = ctx.api.call("DELETE", f"/acls/{quote(args.id)}")
-    return _done(ctx, data, f"rule {args.id} deleted")
+    return _done(ctx, data, "rule {deleted} deleted")
 
 
 # --- consumer groups ----------------------------------------------------------------------------
@@ -260,7 +257,7 @@ def group_reset(args: argparse.Namespace, ctx: Context) -> int:
         body["partition"] = args.partition
     data = ctx.api.call("POST", f"/groups/{quote(args.group)}/reset-offsets", body, ctx.ns_query)
     moved = ", ".join(f"{o['partition']}→{o['offset']}" for o in data["offsets"])
-    return _done(ctx, data, f"group {args.group} on {args.stream}: partition→offset {moved}")
+    return _done(ctx, data, "group {group} on {stream}: partition→offset {moved}", moved=moved)
 
 
 # --- clients ------------------------------------------------------------------------------------
@@ -273,7 +270,7 @@ def client_list(args: argparse.Namespace, ctx: Context) -> int:
 
 def client_kick(args: argparse.Namespace, ctx: Context) -> int:
     data = ctx.api.call("DELETE", f"/clients/{quote(args.id)}")
-    return _done(ctx, data, "disconnected " + ", ".join(data["disconnected"]))
+    return _done(ctx, data, "disconnected {disconnected}")
 
 
 # --- cluster, version ------------------------------------------------------------------------------
@@ -332,15 +329,15 @@ def user_add(args: argparse.Namespace, ctx: Context) -> int:
     if args.namespace:
         body["namespace"] = args.namespace
     data = ctx.api.call("POST", "/users", body)
-    return _done(ctx, data, f"user {args.name} saved")
+    return _done(ctx, data, "user {username} saved")
 
 
 def user_passwd(args: argparse.Namespace, ctx: Context) -> int:
     password = read_password(args.password)
     data = ctx.api.call("PUT", f"/users/{quote(args.name)}", {"password": password})
-    return _done(ctx, data, f"password of user {args.name} changed")
+    return _done(ctx, data, "password of user {username} changed")
 
 
 def user_delete(args: argparse.Namespace, ctx: Context) -> int:
     data = ctx.api.call("DELETE", f"/users/{quote(args.name)}")
-    return _done(ctx, data, f"user {args.name} deleted")
+    return _done(ctx, data, "user {deleted} deleted")

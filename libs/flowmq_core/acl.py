@@ -320,13 +320,9 @@ class Access:
     # --- decisions --------------------------------------------------------------------
     def may_publish(self, topic: str) -> bool:
         """``publish`` on a topic, cached in ``publish``."""
-        cache = self.publish
-        allowed = cache.get(topic)
+        allowed = self.publish.get(topic)
         if allowed is None:
-            allowed = self._decide(PUBLISH, TOPIC, topic)
-            if len(cache) >= self._authorizer.cache_size:
-                cache.clear()
-            cache[topic] = allowed
+            allowed = self._remember(self.publish, topic, self._decide(PUBLISH, TOPIC, topic))
         return allowed
 
     def may_subscribe(self, topic_filter: str) -> bool:
@@ -337,13 +333,9 @@ class Access:
         """``action`` on the resource (kind, name), e.g. ``(CONSUME, STREAM, "orders")``,
         ``(DESCRIBE, NAMESPACE)``; cached."""
         key = (action, kind, name)
-        decisions = self._decisions
-        allowed = decisions.get(key)
+        allowed = self._decisions.get(key)
         if allowed is None:
-            allowed = self._decide(action, kind, name)
-            if len(decisions) >= self._authorizer.cache_size:
-                decisions.clear()
-            decisions[key] = allowed
+            allowed = self._remember(self._decisions, key, self._decide(action, kind, name))
         return allowed
 
     def may_access(self) -> bool:
@@ -359,7 +351,7 @@ class Access:
             allowed = not denied and (
                 self._authorizer.default_allow or any(s.has_allow() for s in self._scopes)
             )
-            self._decisions[key] = allowed
+            self._remember(self._decisions, key, allowed)
         return allowed
 
     def may_any(self, action: str, kind: str) -> bool:
@@ -377,7 +369,14 @@ class Access:
             else:
                 named = [(a, e) for s in self._scopes for _, a, e in s.named.get(kind, ())]
                 allowed = any(a in wanted and e == ALLOW for a, e in namespace_wide + named)
-            self._decisions[key] = allowed
+            self._remember(self._decisions, key, allowed)
+        return allowed
+
+    def _remember(self, cache: dict[Any, bool], key: Any, allowed: bool) -> bool:
+        """Cache a decision, emptying the cache first when it holds ``cache_size`` of them."""
+        if len(cache) >= self._authorizer.cache_size:
+            cache.clear()
+        cache[key] = allowed
         return allowed
 
     def _decide(self, action: str, kind: str, name: str) -> bool:

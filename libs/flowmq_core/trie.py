@@ -53,6 +53,30 @@ class _Node:
         self.dests: _Dests | None = None  # bound to the filter ending at this node
         self.hdests: _Dests | None = None  # bound to "<this node>/#"
 
+    def child_or_new(self, level: str) -> _Node:
+        """The child for ``level`` (``+``: the wildcard slot), created if missing."""
+        if level == "+":
+            if self.plus is None:
+                self.plus = _Node()
+            return self.plus
+        if self.children is None:
+            self.children = {}
+        child = self.children.get(level)
+        if child is None:
+            child = self.children[level] = _Node()
+        return child
+
+    def site_or_new(self, hash_tail: bool) -> _Dests:
+        """The destinations of the filter ending here (with ``/#`` if ``hash_tail``), created
+        if missing."""
+        if hash_tail:
+            if self.hdests is None:
+                self.hdests = _Dests()
+            return self.hdests
+        if self.dests is None:
+            self.dests = _Dests()
+        return self.dests
+
     def is_empty(self) -> bool:
         return (
             not self.children and self.plus is None and self.dests is None and self.hdests is None
@@ -131,26 +155,8 @@ class RouteTrie(Generic[D]):
             levels, hash_tail = _split(filter)
             node = self._root
             for level in levels:
-                if level == "+":
-                    nxt = node.plus
-                    if nxt is None:
-                        nxt = node.plus = _Node()
-                else:
-                    children = node.children
-                    if children is None:
-                        children = node.children = {}
-                    nxt = children.get(level)
-                    if nxt is None:
-                        nxt = children[level] = _Node()
-                node = nxt
-            if hash_tail:
-                site = node.hdests
-                if site is None:
-                    site = node.hdests = _Dests()
-            else:
-                site = node.dests
-                if site is None:
-                    site = node.dests = _Dests()
+                node = node.child_or_new(level)
+            site = node.site_or_new(hash_tail)
         if dest in site.members:  # a site exists only while non-empty: no node was created
             return False
         site.members.add(dest)

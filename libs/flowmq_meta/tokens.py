@@ -63,14 +63,8 @@ class ScopedToken:
         )
 
     def view(self) -> dict[str, Any]:
-        """What the admin API shows of a token."""
-        return {
-            "id": self.id,
-            "namespace": self.namespace,
-            "role": self.role,
-            "description": self.description,
-            "created_at_ms": self.created_at_ms,
-        }
+        """What the admin API shows of a token: every field (a token never holds its secret)."""
+        return dataclasses.asdict(self)
 
 
 def secret_hash(secret: str) -> str:

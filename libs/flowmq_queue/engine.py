@@ -56,19 +56,22 @@ class QueueEngine:
         clock: Clock = now_ms,
         piggyback: bool = True,
     ) -> None:
-        self.meta = meta
-        self.objects = objects
-        self.batcher = batcher
-        self.options = options
+        # What the engine works with, shared as one record with its claim rounds.
+        self.parts = QueueParts(
+            meta,
+            objects,
+            batcher,
+            cache if cache is not None else BodyCache(),
+            options,
+            holder or f"q-{secrets.token_hex(6)}",
+            lease_ms,
+            clock,
+        )
         self.dead_letter = dead_letter
-        self.holder = holder or f"q-{secrets.token_hex(6)}"
-        self.lease_ms = lease_ms
-        self.cache = cache if cache is not None else BodyCache()
-        self.clock = clock
         self._commit = EnqueueCommit(self._enqueued)
         self._cids = itertools.count(1)
         self.claims = ClaimRounds(
-            QueueParts(meta, objects, batcher, self.cache, options, self.holder, lease_ms, clock),
+            self.parts,
             publish_dead=self._publish_dead,
             piggyback=piggyback,
         )
@@ -95,7 +98,7 @@ class QueueEngine:
             ttl_end = message.timestamp_ms + opts.ttl_ms
             expires = min(expires, ttl_end) if expires else ttl_end
         ctx = EnqueueCtx(message, expires, opts)
-        future = self.batcher.submit(("q", ns, queue), body, self._commit, ctx)
+        future = self.parts.batcher.submit(("q", ns, queue), body, self._commit, ctx)
         ctx.future = future
         return future
 
@@ -104,7 +107,7 @@ class QueueEngine:
     ) -> None:
         _, ns, queue = group
         accepted = 0
-        cache = self.cache
+        cache = self.parts.cache
         for r, size in zip(results, sizes, strict=True):
             if r.seq != REFUSED:
                 cache.put((object_key, r.start), r.ctx.message, size)
@@ -154,7 +157,7 @@ class QueueEngine:
 
     def ack(self, delivery: Delivery) -> None:
         self.claims.settle(delivery, "ack")
-        self.cache.discard(delivery.location)
+        self.parts.cache.discard(delivery.location)
 
     def reject(self, delivery: Delivery, *, requeue: bool) -> None:
         """Nack/reject: back to ready with attempt + 1 (``requeue``) or to dead letters."""
@@ -163,11 +166,11 @@ class QueueEngine:
     # --- dead letters -------------------------------------------------------------------------
 
     async def _publish_dead(self, ns: str, queue: str, key: bytes, run: Run) -> None:
-        opts = self.options(ns, queue)
+        opts = self.parts.options(ns, queue)
         topic = opts.dead_letter_topic if opts is not None else None
         try:
             if topic is not None and self.dead_letter is not None:
-                messages = await load_run(self.objects, self.cache, run)
+                messages = await load_run(self.parts.objects, self.parts.cache, run)
                 pending: list[Awaitable[Any]] = []
                 for m in messages:
                     dead = dataclasses.replace(
@@ -194,7 +197,7 @@ class QueueEngine:
             )
             return
         for start in run.starts:
-            self.cache.discard((run.object_key, start))
+            self.parts.cache.discard((run.object_key, start))
         self.claims.dead_letter_done(ns, queue, key, run)
 
     # --- whole-queue operations ------------------------------------------------------------
@@ -203,8 +206,8 @@ class QueueEngine:
         """Drop every ready message; returns how many."""
         total = 0
         while True:
-            dropped, more = await self.meta.transact(
-                functools.partial(_purge_txn, ns, queue, self.clock())
+            dropped, more = await self.parts.meta.transact(
+                functools.partial(_purge_txn, ns, queue, self.parts.clock())
             )
             total += dropped
             if not more:
@@ -213,27 +216,29 @@ class QueueEngine:
     async def delete(self, ns: str, queue: str) -> None:
         """Forget the queue's messages (its catalog entry is the caller's business)."""
         self.claims.forget(ns, queue)
-        while await self.meta.transact(functools.partial(_delete_txn, ns, queue, self.clock())):
+        while await self.parts.meta.transact(
+            functools.partial(_delete_txn, ns, queue, self.parts.clock())
+        ):
             pass
 
     async def peek(self, ns: str, queue: str, limit: int) -> list[tuple[int, int, Message]]:
         """Read only: ``(seq, attempt, message)`` of up to ``limit`` of the oldest ready
         messages, left where they are (an operator's look; consumers are not disturbed)."""
-        opts = self.options(ns, queue) or QueueOptions()
-        runs = await self.meta.transact(
+        opts = self.parts.options(ns, queue) or QueueOptions()
+        runs = await self.parts.meta.transact(
             lambda tr: index.peek_ready(tr, ns, queue, opts.shards, limit)
         )
         out: list[tuple[int, int, Message]] = []
         for run in runs:
             try:
-                messages = await load_run(self.objects, self.cache, run)
+                messages = await load_run(self.parts.objects, self.parts.cache, run)
             except ObjectNotFound:  # consumed and collected meanwhile
                 continue
             out.extend(zip(run.seqs, run.attempts, messages, strict=True))
         return out
 
     async def stats(self, ns: str, queue: str) -> dict[str, int]:
-        return await self.meta.transact(lambda tr: index.stats(tr, ns, queue))
+        return await self.parts.meta.transact(lambda tr: index.stats(tr, ns, queue))
 
     async def ready_count(self, ns: str, queue: str) -> int:
         st = await self.stats(ns, queue)
@@ -255,10 +260,12 @@ class QueueEngine:
         moved = 0
         listed = set(queues)
         for ns, queue in queues:
-            opts = self.options(ns, queue) or QueueOptions()
-            now = self.clock()
-            n, dead, st = await self.meta.transact(
-                functools.partial(_reap_txn, ns, queue, opts, self.holder, now, now + self.lease_ms)
+            opts = self.parts.options(ns, queue) or QueueOptions()
+            now = self.parts.clock()
+            n, dead, st = await self.parts.meta.transact(
+                functools.partial(
+                    _reap_txn, ns, queue, opts, self.parts.holder, now, now + self.parts.lease_ms
+                )
             )
             if n:
                 log.info("returned %d messages of expired leases in %s/%s", n, ns, queue)
@@ -272,7 +279,7 @@ class QueueEngine:
             metrics.queue_messages_in_flight.labels(ns, queue).set(inflight)
         if is_deleted is None:
             return moved
-        stored = await self.meta.transact(index.stored_queues)
+        stored = await self.parts.meta.transact(index.stored_queues)
         for ns, queue in stored:
             if (ns, queue) not in listed and await is_deleted(ns, queue):
                 log.info("removing the data of deleted queue %s/%s", ns, queue)

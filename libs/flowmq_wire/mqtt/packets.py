@@ -1,4 +1,4 @@
-"""MQTT control packets (3.1.1 and 5.0) as plain ``__slots__`` objects.
+"""MQTT control packets (3.1.1 and 5.0) as slotted dataclasses.
 
 One class per control packet type; the same classes serve both protocol levels (fields that
 3.1.1 lacks — properties, most reason codes — are simply dropped when encoding for level 4 and
@@ -13,9 +13,10 @@ otherwise. To change a decoded packet's properties, build a new dict
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 Properties = Mapping[str, Any]
 """Property name → value; ``user_property`` is a list of ``(key, value)`` pairs in wire order."""
@@ -71,181 +72,133 @@ def _show(value: object) -> str:
     return "{}" if value is EMPTY_PROPERTIES else repr(value)
 
 
+def _repr(record: Any) -> str:
+    fields = ", ".join(
+        f"{f.name}={_show(getattr(record, f.name))}" for f in dataclasses.fields(record)
+    )
+    return f"{record.__class__.__name__}({fields})"
+
+
+_NO_PROPERTIES: Any = object()
+"""Stands for ``EMPTY_PROPERTIES`` as the default of ``properties`` fields while dataclasses
+builds a class (it refuses a default that is not hashable, as a mapping proxy is not);
+``_record`` then puts the real default in place. A ``default_factory`` would need no such step
+but costs every ``__init__`` a closure and a test: ~10% of building a PUBACK, on the decoder's
+hot path."""
+
+_R = TypeVar("_R", bound=type)
+
+
+def _record(cls: _R) -> _R:
+    """Packets and their parts are slotted dataclasses: value equality, no ``__dict__``, an
+    ``__init__`` as cheap as a hand-written one, and ``_repr`` (``properties={}`` when empty)."""
+    cls = dataclasses.dataclass(slots=True, repr=False)(cls)
+    field = cls.__dataclass_fields__.get("properties")  # type: ignore[attr-defined]
+    if field is not None and field.default is _NO_PROPERTIES:
+        field.default = EMPTY_PROPERTIES  # subclasses inherit the field as it is now
+        init = cls.__init__  # type: ignore[misc]
+        init.__defaults__ = tuple(
+            EMPTY_PROPERTIES if d is _NO_PROPERTIES else d for d in init.__defaults__
+        )
+    return cls
+
+
+def _packet(packet_type: int | None = None) -> Callable[[_R], _R]:
+    """Make a packet class a record; ``packet_type`` is its ``TYPE`` (None for a shared base)."""
+
+    def make(cls: _R) -> _R:
+        if packet_type is not None:
+            cls.TYPE = packet_type
+        return _record(cls)
+
+    return make
+
+
 class Packet:
-    """Base of every control packet: value equality and a readable repr over ``__slots__``."""
+    """Base of every control packet: ``TYPE`` is its fixed header type."""
 
     __slots__ = ()
     TYPE: ClassVar[int]
-    _fields: ClassVar[tuple[str, ...]] = ()
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # Slots declared along the MRO, base first: Puback & co. inherit theirs.
-        cls._fields = tuple(
-            name for klass in reversed(cls.__mro__) for name in klass.__dict__.get("__slots__", ())
-        )
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not self.__class__:
-            return NotImplemented
-        return all(getattr(self, f) == getattr(other, f) for f in self._fields)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable: lists and dicts inside
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{f}={_show(getattr(self, f))}" for f in self._fields)
-        return f"{self.__class__.__name__}({fields})"
+    __repr__ = _repr
 
 
+@_record
 class Will:
     """The Will Message of a CONNECT."""
 
-    __slots__ = ("topic", "payload", "qos", "retain", "properties")
-    _fields: ClassVar[tuple[str, ...]] = __slots__
-
-    def __init__(
-        self,
-        topic: str,
-        payload: bytes = b"",
-        qos: int = 0,
-        retain: bool = False,
-        properties: Properties = EMPTY_PROPERTIES,
-    ) -> None:
-        self.topic = topic
-        self.payload = payload
-        self.qos = qos
-        self.retain = retain
-        self.properties = properties
-
-    __eq__ = Packet.__eq__
-    __hash__ = None  # type: ignore[assignment]
-    __repr__ = Packet.__repr__
+    topic: str
+    payload: bytes = b""
+    qos: int = 0
+    retain: bool = False
+    properties: Properties = _NO_PROPERTIES
+    __repr__ = _repr
 
 
+@_packet(CONNECT)
 class Connect(Packet):
     """CONNECT. ``protocol_level`` is what the client sent (4 or 5); ``encode`` writes the level
     it is asked for. ``password`` is binary data; a 3.1.1 password requires a username."""
 
-    __slots__ = (
-        "client_id",
-        "clean_start",
-        "keep_alive",
-        "will",
-        "username",
-        "password",
-        "properties",
-        "protocol_level",
-        "protocol_name",
-    )
-    TYPE = CONNECT
-
-    def __init__(
-        self,
-        client_id: str = "",
-        clean_start: bool = True,
-        keep_alive: int = 60,
-        will: Will | None = None,
-        username: str | None = None,
-        password: bytes | None = None,
-        properties: Properties = EMPTY_PROPERTIES,
-        protocol_level: int = 4,
-        protocol_name: str = "MQTT",
-    ) -> None:
-        self.client_id = client_id
-        self.clean_start = clean_start
-        self.keep_alive = keep_alive
-        self.will = will
-        self.username = username
-        self.password = password
-        self.properties = properties
-        self.protocol_level = protocol_level
-        self.protocol_name = protocol_name
+    client_id: str = ""
+    clean_start: bool = True
+    keep_alive: int = 60
+    will: Will | None = None
+    username: str | None = None
+    password: bytes | None = None
+    properties: Properties = _NO_PROPERTIES
+    protocol_level: int = 4
+    protocol_name: str = "MQTT"
 
 
+@_packet(CONNACK)
 class Connack(Packet):
     """CONNACK. At level 4 ``reason_code`` is the 3.1.1 return code (0-5); a v5 code given for
     a level-4 encode is mapped with ``connack_v5_to_v311``."""
 
-    __slots__ = ("session_present", "reason_code", "properties")
-    TYPE = CONNACK
-
-    def __init__(
-        self,
-        session_present: bool = False,
-        reason_code: int = 0,
-        properties: Properties = EMPTY_PROPERTIES,
-    ) -> None:
-        self.session_present = session_present
-        self.reason_code = reason_code
-        self.properties = properties
+    session_present: bool = False
+    reason_code: int = 0
+    properties: Properties = _NO_PROPERTIES
 
 
+@_packet(PUBLISH)
 class Publish(Packet):
     """PUBLISH. ``packet_id`` is ``None`` for QoS 0. In v5 ``topic`` may be ``""`` when the
     ``topic_alias`` property names a topic set earlier; resolving aliases is the session's job."""
 
-    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
-    TYPE = PUBLISH
-
-    def __init__(
-        self,
-        topic: str,
-        payload: bytes = b"",
-        qos: int = 0,
-        retain: bool = False,
-        dup: bool = False,
-        packet_id: int | None = None,
-        properties: Properties = EMPTY_PROPERTIES,
-    ) -> None:
-        self.topic = topic
-        self.payload = payload
-        self.qos = qos
-        self.retain = retain
-        self.dup = dup
-        self.packet_id = packet_id
-        self.properties = properties
+    topic: str
+    payload: bytes = b""
+    qos: int = 0
+    retain: bool = False
+    dup: bool = False
+    packet_id: int | None = None
+    properties: Properties = _NO_PROPERTIES
 
 
+@_packet()
 class _PubResponse(Packet):
-    __slots__ = ("packet_id", "reason_code", "properties")
-
-    def __init__(
-        self,
-        packet_id: int,
-        reason_code: int = 0,
-        properties: Properties = EMPTY_PROPERTIES,
-    ) -> None:
-        self.packet_id = packet_id
-        self.reason_code = reason_code
-        self.properties = properties
+    packet_id: int
+    reason_code: int = 0
+    properties: Properties = _NO_PROPERTIES
 
 
+@_packet(PUBACK)
 class Puback(_PubResponse):
     """PUBACK (QoS 1 acknowledgement)."""
 
-    __slots__ = ()
-    TYPE = PUBACK
 
-
+@_packet(PUBREC)
 class Pubrec(_PubResponse):
     """PUBREC (QoS 2, part 1)."""
 
-    __slots__ = ()
-    TYPE = PUBREC
 
-
+@_packet(PUBREL)
 class Pubrel(_PubResponse):
     """PUBREL (QoS 2, part 2)."""
 
-    __slots__ = ()
-    TYPE = PUBREL
 
-
+@_packet(PUBCOMP)
 class Pubcomp(_PubResponse):
     """PUBCOMP (QoS 2, part 3)."""
-
-    __slots__ = ()
-    TYPE = PUBCOMP
 
 
 class SubscriptionOptions(NamedTuple):
@@ -257,103 +210,66 @@ class SubscriptionOptions(NamedTuple):
     retain_handling: int = RETAIN_SEND_ON_SUBSCRIBE
 
 
+@_packet(SUBSCRIBE)
 class Subscribe(Packet):
     """SUBSCRIBE: ``subscriptions`` is a list of ``(topic_filter, SubscriptionOptions)``. The
     ``subscription_identifier`` property, if any, is a single ``int`` here."""
 
-    __slots__ = ("packet_id", "subscriptions", "properties")
-    TYPE = SUBSCRIBE
-
-    def __init__(
-        self,
-        packet_id: int,
-        subscriptions: list[tuple[str, SubscriptionOptions]],
-        properties: Properties = EMPTY_PROPERTIES,
-    ) -> None:
-        self.packet_id = packet_id
-        self.subscriptions = subscriptions
-        self.properties = properties
+    packet_id: int
+    subscriptions: list[tuple[str, SubscriptionOptions]]
+    properties: Properties = _NO_PROPERTIES
 
 
+@_packet()
 class _SubscriptionAck(Packet):
-    __slots__ = ("packet_id", "reason_codes", "properties")
-
-    def __init__(
-        self,
-        packet_id: int,
-        reason_codes: list[int] | None = None,
-        properties: Properties = EMPTY_PROPERTIES,
-    ) -> None:
-        self.packet_id = packet_id
-        self.reason_codes = [] if reason_codes is None else reason_codes
-        self.properties = properties
+    packet_id: int
+    reason_codes: list[int] = dataclasses.field(default_factory=list)
+    properties: Properties = _NO_PROPERTIES
 
 
+@_packet(SUBACK)
 class Suback(_SubscriptionAck):
     """SUBACK: one reason code (granted QoS or failure) per subscription, in order."""
 
-    __slots__ = ()
-    TYPE = SUBACK
 
-
+@_packet(UNSUBSCRIBE)
 class Unsubscribe(Packet):
     """UNSUBSCRIBE: a list of topic filters."""
 
-    __slots__ = ("packet_id", "filters", "properties")
-    TYPE = UNSUBSCRIBE
-
-    def __init__(
-        self,
-        packet_id: int,
-        filters: list[str],
-        properties: Properties = EMPTY_PROPERTIES,
-    ) -> None:
-        self.packet_id = packet_id
-        self.filters = filters
-        self.properties = properties
+    packet_id: int
+    filters: list[str]
+    properties: Properties = _NO_PROPERTIES
 
 
+@_packet(UNSUBACK)
 class Unsuback(_SubscriptionAck):
     """UNSUBACK: ``reason_codes`` exist only in v5 (empty list at level 4)."""
 
-    __slots__ = ()
-    TYPE = UNSUBACK
 
-
+@_packet(PINGREQ)
 class Pingreq(Packet):
     """PINGREQ."""
 
-    __slots__ = ()
-    TYPE = PINGREQ
 
-
+@_packet(PINGRESP)
 class Pingresp(Packet):
     """PINGRESP."""
 
-    __slots__ = ()
-    TYPE = PINGRESP
 
-
+@_packet()
 class _ReasonAndProperties(Packet):
-    __slots__ = ("reason_code", "properties")
-
-    def __init__(self, reason_code: int = 0, properties: Properties = EMPTY_PROPERTIES) -> None:
-        self.reason_code = reason_code
-        self.properties = properties
+    reason_code: int = 0
+    properties: Properties = _NO_PROPERTIES
 
 
+@_packet(DISCONNECT)
 class Disconnect(_ReasonAndProperties):
     """DISCONNECT (v5 may carry a reason code and properties; 3.1.1 only the client sends it)."""
 
-    __slots__ = ()
-    TYPE = DISCONNECT
 
-
+@_packet(AUTH)
 class Auth(_ReasonAndProperties):
     """AUTH (v5 only): enhanced authentication exchange."""
-
-    __slots__ = ()
-    TYPE = AUTH
 
 
 PINGREQ_PACKET = Pingreq()

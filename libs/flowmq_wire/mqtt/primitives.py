@@ -77,15 +77,21 @@ def encode_binary(data: bytes | bytearray | memoryview) -> bytes:
     return pack_u16(len(data)) + bytes(data)
 
 
+def _field_span(buf: bytes, pos: int, end: int, what: str) -> tuple[int, int]:
+    """Where the bytes of a two-byte-length-prefixed field at ``pos`` start and stop."""
+    start = pos + 2
+    if start > end:
+        raise MalformedPacket(f"{what} length runs past the end of the packet")
+    stop = start + ((buf[pos] << 8) | buf[pos + 1])
+    if stop > end:
+        raise MalformedPacket(f"{what} runs past the end of the packet")
+    return start, stop
+
+
 def decode_string(buf: bytes, pos: int, end: int) -> tuple[str, int]:
     """Decode a UTF-8 encoded string; ill-formed UTF-8 (including encoded surrogates
     U+D800-DFFF, which Python's strict codec rejects) and U+0000 are malformed [MQTT-1.5.4]."""
-    start = pos + 2
-    if start > end:
-        raise MalformedPacket("string length runs past the end of the packet")
-    stop = start + ((buf[pos] << 8) | buf[pos + 1])
-    if stop > end:
-        raise MalformedPacket("string runs past the end of the packet")
+    start, stop = _field_span(buf, pos, end, "string")
     try:
         text = buf[start:stop].decode()
     except UnicodeDecodeError as e:
@@ -97,10 +103,5 @@ def decode_string(buf: bytes, pos: int, end: int) -> tuple[str, int]:
 
 def decode_binary(buf: bytes, pos: int, end: int) -> tuple[bytes, int]:
     """Decode binary data (two-byte length + bytes)."""
-    start = pos + 2
-    if start > end:
-        raise MalformedPacket("binary data length runs past the end of the packet")
-    stop = start + ((buf[pos] << 8) | buf[pos + 1])
-    if stop > end:
-        raise MalformedPacket("binary data runs past the end of the packet")
+    start, stop = _field_span(buf, pos, end, "binary data")
     return buf[start:stop], stop

@@ -28,7 +28,7 @@ async def test_shards_spread_entries_and_every_message_arrives_once(env) -> None
     env.queue("q", shards=4)
     for batch in range(8):
         await env.publish("q", *[f"{batch}-{i}".encode() for i in range(5)])
-    shards = await env.engine.meta.transact(
+    shards = await env.engine.parts.meta.transact(
         lambda tr: {QUEUE_READY.unpack(k)[2] for k, _ in tr.get_range(*QUEUE_READY.range())}
     )
     assert len(shards) > 1
@@ -52,14 +52,14 @@ async def test_ack_deletes_and_releases_objects(env) -> None:
     await env.settle()
     stats = await env.engine.stats("default", "q")
     assert stats["count"] == 0 and stats["inflight"] == 0 and stats["bytes"] == 0
-    refs = await env.engine.meta.transact(lambda tr: tr.get_range(*OBJECT_REFS.range()))
+    refs = await env.engine.parts.meta.transact(lambda tr: tr.get_range(*OBJECT_REFS.range()))
     assert refs == []  # every object's last reference went with the last ack
     clock = env.clock
     result = await collect_garbage(
-        env.engine.meta, env.engine.objects, clock=lambda: clock() + 600_000
+        env.engine.parts.meta, env.engine.parts.objects, clock=lambda: clock() + 600_000
     )
     assert result.deleted >= 1
-    assert await env.engine.objects.list("segments/") == []
+    assert await env.engine.parts.objects.list("segments/") == []
 
 
 async def test_prefetch_limits_unacked(env) -> None:
@@ -150,8 +150,8 @@ async def test_expired_lease_is_reaped_by_another_engine(env) -> None:
     await env.engine.close()
     clock_b = lambda: env.clock() + 5_000  # noqa: E731 - past the 2 s lease
     other = QueueEngine(
-        env.engine.meta,
-        env.engine.objects,
+        env.engine.parts.meta,
+        env.engine.parts.objects,
         env.batcher,
         options=lambda ns, q: env.options.get((ns, q)),
         clock=clock_b,
@@ -247,7 +247,7 @@ async def test_purge_and_delete(env) -> None:
         "bytes": 0,
         "inflight": 0,
     }
-    left = await env.engine.meta.transact(lambda tr: tr.get_range(*QUEUE_INFLIGHT.range()))
+    left = await env.engine.parts.meta.transact(lambda tr: tr.get_range(*QUEUE_INFLIGHT.range()))
     assert left == []
 
 

@@ -456,3 +456,16 @@ def test_packet_value_semantics() -> None:
         encode(Auth(), 4)
     with pytest.raises(ValueError):
         encode(Pingreq(), 3)
+
+
+def test_packets_share_the_empty_properties_and_take_no_stray_attributes() -> None:
+    """A packet built without properties holds the shared EMPTY_PROPERTIES (the decoder's hot
+    path allocates nothing for them); packets are slotted, so a misspelt field fails loudly."""
+    defaults = [Connect(), Connack(), Publish("a"), Puback(1), Pubcomp(1), Suback(1)]
+    defaults += [Unsuback(1), Subscribe(1, []), Disconnect(), Auth(), Will("w")]
+    for packet in defaults:
+        assert packet.properties is EMPTY_PROPERTIES, packet
+        with pytest.raises(AttributeError):
+            packet.reasoncode = 1  # type: ignore[union-attr]
+    assert (Puback.TYPE, Pubrec.TYPE, Pubrel.TYPE, Pingresp.TYPE, Auth.TYPE) == (4, 5, 6, 13, 15)
+    assert Suback(1).reason_codes is not Suback(1).reason_codes

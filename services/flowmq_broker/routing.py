@@ -8,6 +8,7 @@ adapters branch on the type (DESIGN.md §5).
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -201,17 +202,23 @@ class CatalogSync:
         self.router = router
         self._poll = PeriodicTask("anti-entropy", interval, self.anti_entropy)
         self.on_change: list[Callable[[], Awaitable[None]]] = []
+        # One refresh at a time: one that finds the version already loaded must still wait
+        # for the callbacks (ACL reload…) of the refresh that loaded it, or an admin change
+        # could be answered before it applies.
+        self._refreshing = asyncio.Lock()
 
     async def refresh(self) -> int:
-        """Load the catalog if its version moved; returns how many versions it moved."""
-        version, destinations = await self.catalog.snapshot()
-        if version == self.router.version and self.router.version:
-            return 0
-        missed = max(0, version - self.router.version)
-        self.router.load(version, destinations)
-        for callback in self.on_change:
-            await callback()
-        return missed
+        """Load the catalog if its version moved; returns how many versions it moved.  When
+        it returns, what the catalog held as it was called is applied, callbacks included."""
+        async with self._refreshing:
+            version, destinations = await self.catalog.snapshot()
+            if version == self.router.version and self.router.version:
+                return 0
+            missed = max(0, version - self.router.version)
+            self.router.load(version, destinations)
+            for callback in self.on_change:
+                await callback()
+            return missed
 
     async def anti_entropy(self) -> None:
         missed = await self.refresh()

@@ -84,6 +84,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "logger aiohttp.access; default false)",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "
         "a v5 client asking for more or for none is given this as server keep alive",
+        "processes": "broker processes sharing the client ports (host mode; default 0 = one "
+        "per usable core; 1 = a single process)",
+        "reuse_port": "true or false: bind the client ports with SO_REUSEPORT (set by host "
+        "mode on its processes)",
         "gossip_interval": f"seconds between gossip rounds (default {defaults.gossip_interval})",
         "gossip_nodes": f"peers gossiped to per round (default {defaults.gossip_nodes})",
         "gossip_probe_interval": "seconds between failure-detector probes "
@@ -255,6 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"flowmq: {exc}", file=sys.stderr)
             return 2
         configure_logging(config.log_level, config.log_format)
+        from flowmq_broker.hostmode import run_host_mode, usable_cores
+
+        processes = config.processes or usable_cores()
+        if processes > 1:
+            return run_host_mode(config, processes)
         try:
             import uvloop
         except ImportError:  # uvloop is optional (not built for every platform)

@@ -38,7 +38,7 @@ def main() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, args.connections + 1000), hard))
 
     with tempfile.TemporaryDirectory() as tmp:
-        broker = start_broker(Path(tmp) / "data", "--roles", "mqtt,admin")
+        broker = start_broker(Path(tmp) / "data", "--roles", "mqtt,admin", "--processes", "1")
         try:
             port = broker.ports["mqtt"]
             time.sleep(1.0)  # let start-up garbage settle before the idle reading

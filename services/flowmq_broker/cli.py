@@ -13,19 +13,13 @@ from pathlib import Path
 
 import flowmq_ctl
 from flowmq_broker.launcher import add_cluster_parser, cluster_command
+from flowmq_broker.listeners import log_admin_api
 from flowmq_broker.logfmt import configure_logging
 from flowmq_core.config import ALL_ROLES, BrokerConfig, ConfigError, load_config
 from flowmq_ctl.commands import add_cluster_status, add_commands, add_user_verbs
 from flowmq_ctl.parser import Parser, common_options
 
 log = logging.getLogger("flowmq")
-
-
-def _url_host(bind: str) -> str:
-    """A host for a URL reaching an address bound to ``bind``."""
-    if bind in ("0.0.0.0", "::"):
-        return "127.0.0.1" if bind == "0.0.0.0" else "[::1]"
-    return f"[{bind}]" if ":" in bind else bind
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -207,8 +201,8 @@ async def _serve(config: BrokerConfig) -> int:
         await broker.stop()
         print(f"flowmq: {exc}", file=sys.stderr)
         return 1
-    log.info("admin API: http://%s:%d/api/v1 (token file %s)", _url_host(broker.config.bind),
-             broker.ports["http"], broker.data_dir / "admin_token")  # fmt: skip
+    if not config.reuse_port:  # in host mode the supervisor tells the shared one
+        log_admin_api(broker.config.bind, broker.ports["http"], broker.data_dir)
     await stop.wait()
     log.info("shutting down")
     await broker.stop()

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 from flowmq_broker.admin_token import load_or_create_token
-from flowmq_broker.listeners import bind_socket
+from flowmq_broker.listeners import bind_socket, log_admin_api
 from flowmq_core.config import BrokerConfig
 
 log = logging.getLogger("flowmq.hostmode")
@@ -334,6 +334,7 @@ class HostMode:
                     self.processes,
                     ", ".join(f"{k}={v}" for k, v in self.ports.items()),
                 )
+                log_admin_api(self.resolved.bind, self.ports["http"], self.root)
                 self.supervise()
                 outcome = "signal"
         finally:
@@ -348,5 +349,13 @@ def run_host_mode(config: BrokerConfig, processes: int) -> int:
     """Run ``processes`` broker processes behind the configured ports until a signal."""
     if not hasattr(socket, "SO_REUSEPORT"):
         print("flowmq: host mode (processes > 1) needs SO_REUSEPORT", file=sys.stderr)
+        return 2
+    if config.resolved().meta.startswith("memory:"):
+        # Each process would have a meta store of its own: no shared catalog, no cluster.
+        print(
+            "flowmq: host mode (processes > 1) needs a meta store its processes share "
+            "(sqlite:// or fdb://), not memory://; or use --processes 1",
+            file=sys.stderr,
+        )
         return 2
     return HostMode(config, processes).run()

@@ -10,14 +10,18 @@ decrypted stream, so an adapter serves its plain and its TLS port with the same 
 processes of one host then listen on the same port and the kernel spreads the connections
 over them.  Only then: without it a second broker on a taken port must fail to start, not
 silently share it.
+
+``log_admin_api`` is the start-up line naming where the HTTP listener's admin API answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from ssl import SSLContext
 
 BACKLOG = 1024
@@ -62,3 +66,11 @@ def bind_socket(host: str, port: int, *, reuse_port: bool = False) -> socket.soc
         sock.close()
         raise
     return sock
+
+
+def log_admin_api(bind: str, port: int, data_dir: Path) -> None:
+    """Log where the admin API answers (a URL reaching ``bind``) and its token file."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(bind, f"[{bind}]" if ":" in bind else bind)
+    logging.getLogger("flowmq").info(
+        "admin API: http://%s:%d/api/v1 (token file %s)", host, port, data_dir / "admin_token"
+    )

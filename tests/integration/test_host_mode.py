@@ -165,6 +165,9 @@ def test_amqp_publish_and_consume_through_the_shared_port(host):
     got = []
     deadline = time.monotonic() + TIMEOUT
     channel = consumer.channel()
+    # Declared again, as consumers do: this connection may be on the other process, which
+    # learns of a new queue within a gossip round (docs/operations.md "Cluster").
+    channel.queue_declare(queue_name, durable=True)
     for _method, _props, body in channel.consume(queue_name, inactivity_timeout=1):
         if body is not None:
             got.append(body)
@@ -224,9 +227,28 @@ def test_a_killed_process_is_restarted_and_sigterm_stops_all(tmp_path):
         assert again.get().payload == b"back"
         again.client.disconnect()
         again.client.loop_stop()
-        # ...and the restarted process serves clients again.
+        # ...and the restarted process is back in the cluster and serves clients again:
+        # a subscriber on it gets what is published on the other process.
         url = f"http://127.0.0.1:{json.loads(ports_file.read_text())['http']}"
         assert api(broker, url, "/health")["node_id"] == victim_node
+        broker.ports["processes"][int(victim_node[-1])]["http"] = url.rsplit(":", 1)[1]
+
+        def both_up() -> bool:
+            return all(
+                {n["node_id"] for n in api(broker, u, "/cluster/nodes") if n["status"] == "up"}
+                >= set(children)
+                for u in own_http(broker).values()
+            )
+
+        wait_until(both_up, 30, what="both processes up in each one's node table")
+        subscriber = connect_on(broker, victim_node, "after")
+        publisher = connect_on(broker, sorted(children)[0], "other")
+        assert subscriber.subscribe(topic, 1) == [1]
+        publisher.publish(topic, b"across", qos=1)
+        assert subscriber.get().payload == b"across"
+        for c in (subscriber, publisher):
+            c.client.disconnect()
+            c.client.loop_stop()
 
         pids = list(_children(broker.proc.pid).values())
         broker.proc.send_signal(signal.SIGTERM)
@@ -250,3 +272,9 @@ def test_a_taken_shared_port_fails_the_start(tmp_path):
     assert code == 1
     assert f"flowmq: cannot listen on mqtt port {port}" in output
     assert not (tmp_path / "process-0").exists()  # nothing was started
+
+
+def test_host_mode_refuses_a_meta_store_of_its_own_per_process(tmp_path):
+    code, output = run_broker_expecting_failure(tmp_path, "--processes", "2", "--meta", "memory://")
+    assert code == 2
+    assert "needs a meta store its processes share" in output

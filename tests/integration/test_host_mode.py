@@ -19,6 +19,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
 from tests.fixtures.broker_process import BrokerProcess, run_broker_expecting_failure, start_broker
+from tests.fixtures.cli import flowmq
 from tests.fixtures.cluster import http
 from tests.fixtures.waiting import wait_until
 from tests.integration.mqtt.conftest import Paho
@@ -33,7 +34,7 @@ def start_host(data_dir: Path, processes: int = 2) -> BrokerProcess:
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory) -> BrokerProcess:
-    broker = start_host(tmp_path_factory.mktemp("host"))
+    broker = start_host(tmp_path_factory.mktemp("host") / "data")
     yield broker
     assert broker.stop() == 0
 
@@ -122,6 +123,26 @@ def test_subscriber_on_one_process_gets_messages_published_on_the_other(host, qo
         for client in (subscriber, publisher):
             client.client.disconnect()
             client.client.loop_stop()
+
+
+def test_the_flowmq_command_finds_the_shared_ports_in_data(host):
+    """The README's tour, against ``./data`` of a host-mode broker."""
+    cwd = host.data_dir.parent
+    name = f"tour-{uuid.uuid4().hex[:8]}"
+    created = flowmq("stream", "create", name, "--filter", f"{name}/#", cwd=cwd)
+    assert created.returncode == 0, created.stderr
+    # Made through one process, the stream reaches the other within a gossip round.
+    for url in own_http(host).values():
+        wait_until(
+            lambda u=url: any(s["name"] == name for s in api(host, u, "/streams")),
+            TIMEOUT,
+            what=f"stream {name} known at {url}",
+        )
+    produced = flowmq("produce", f"{name}/eu", stdin="order 1\n", cwd=cwd)
+    assert produced.returncode == 0, produced.stderr
+    consumed = flowmq("consume", name, "--from-beginning", "--num", "1", cwd=cwd)
+    assert consumed.returncode == 0, consumed.stderr
+    assert consumed.stdout.strip() == "order 1"
 
 
 def test_kafka_produce_and_consume_through_the_shared_port(host):

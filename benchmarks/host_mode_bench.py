@@ -80,7 +80,18 @@ class HostModeFlowMQ(mb.FlowMQ):
         return [pid, *map(int, children)]
 
     def cpu_seconds(self) -> float:
-        return sum(mb._cpu_seconds(pid) for pid in self.broker_pids())
+        """All the brokers' CPU seconds; each call's per-process figures are kept, so the
+        split of a load's CPU over the processes can be shown (``cpu_split``)."""
+        snapshot = {pid: mb._cpu_seconds(pid) for pid in self.broker_pids()}
+        self.snapshots = [*getattr(self, "snapshots", [])[-1:], snapshot]
+        return sum(snapshot.values())
+
+    def cpu_split(self) -> list[float]:
+        """CPU seconds of each broker process between the last two ``cpu_seconds`` calls
+        (``run_load`` calls it when the load starts and ends); the supervisor left out."""
+        before, after = self.snapshots[-2], self.snapshots[-1]
+        pids = [pid for pid in after if pid != self.procs[0].pid or self.processes == 1]
+        return [after[pid] - before.get(pid, 0.0) for pid in pids]
 
     def rss_mib(self) -> float:
         return sum(mb._rss_mib(pid) or 0.0 for pid in self.broker_pids())
@@ -111,6 +122,10 @@ def run_once(broker: HostModeFlowMQ, args: argparse.Namespace, tag: str) -> dict
     # warm-up included), so this is CPU over the whole call: a lower bound on its share while
     # the clock ran.
     result["generator_cpu"] = (_children_cpu() - cpu0) / wall
+    result["cpu_split"] = broker.cpu_split()
+    # Deliveries per second of broker CPU: what a delivery costs, whatever share of the
+    # cores the broker got on a shared machine.
+    result["per_cpu"] = result["rate"] / result["broker_cpu"] if result["broker_cpu"] else 0.0
     return result
 
 
@@ -153,9 +168,18 @@ def main() -> int:
                     f"{ratio:.2f}", f"{one['broker_cpu']:.2f}", f"{many['broker_cpu']:.2f}",
                     f"{one['generator_cpu']:.2f}", f"{many['generator_cpu']:.2f}",
                 ))  # fmt: skip
+                split = " + ".join(f"{c:.1f}" for c in many["cpu_split"])
+                print(
+                    f"      deliveries per broker CPU-second: x1 {one['per_cpu']:,.0f}, "
+                    f"x{args.processes} {many['per_cpu']:,.0f}; x{args.processes} CPU-seconds "
+                    f"per process {split}"
+                )
                 for name, res in (("x1", one), (f"x{args.processes}", many)):
                     if res.get("lost"):
-                        print(f"      {name}: {res['lost']:,} of {res['expected']:,} lost")
+                        print(
+                            f"      {name}: {res['lost']:,} of {res['expected']:,} not received "
+                            f"(the brokers counted {res['broker_dropped'] or 0:,.0f} dropped)"
+                        )
                     for error in res["errors"]:
                         print(f"      {name}: {error}")
             ratios = [row["ratio"] for row in rows if not math.isnan(row["ratio"])]

@@ -5,7 +5,6 @@ which is how the tests see where a connection landed."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -18,7 +17,12 @@ import pika
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from tests.fixtures.broker_process import BrokerProcess, run_broker_expecting_failure, start_broker
+from tests.fixtures.broker_process import (
+    PORT_OPTIONS,
+    BrokerProcess,
+    run_broker_expecting_failure,
+    start_broker,
+)
 from tests.fixtures.cli import flowmq
 from tests.fixtures.cluster import http
 from tests.fixtures.waiting import wait_until
@@ -284,12 +288,10 @@ def test_a_taken_shared_port_fails_the_start(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        free = [arg for opt in PORT_OPTIONS if opt != "--mqtt-port" for arg in (opt, "0")]
         code, output = run_broker_expecting_failure(
-            tmp_path, "--processes", "2", "--mqtt-port", str(port), *itertools.chain.from_iterable(
-                (flag, "0") for flag in ("--http-port", "--mqtt-ws-port", "--kafka-port",
-                                         "--amqp-port", "--gossip-port")
-            )
-        )  # fmt: skip
+            tmp_path, "--processes", "2", "--mqtt-port", str(port), *free
+        )
     assert code == 1
     assert f"flowmq: cannot listen on mqtt port {port}" in output
     assert not (tmp_path / "process-0").exists()  # nothing was started

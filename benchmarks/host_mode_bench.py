@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -68,6 +69,35 @@ class HostModeFlowMQ(mb.FlowMQ):
         self.ports = [ports["mqtt"]]
         self.http = [p["http"] for p in ports.get("processes", [ports])]
         self.version = f"FlowMQ-py ×{processes}"
+
+    def dropped(self) -> float | None:
+        """The brokers' drop count (``run_load`` reads it when the load starts and ends);
+        their PUBLISH-out count is kept beside it, so deliveries the brokers wrote can be told
+        from those the subscribers received (``written``)."""
+        self.out_counts = [
+            *getattr(self, "out_counts", [])[-1:],
+            self._metric_sum("mqtt_messages_out_count"),
+        ]
+        return self._metric_sum("mqtt_messages_dropped_count")
+
+    def written(self) -> float | None:
+        """PUBLISH packets the brokers wrote between the last two ``dropped`` calls."""
+        before, after = self.out_counts[-2:]
+        return None if before is None or after is None else after - before
+
+    def _metric_sum(self, name: str) -> float | None:
+        total = 0.0
+        for port in self.http:
+            try:
+                url = f"http://127.0.0.1:{port}/metrics"
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    text = response.read().decode()
+            except OSError:
+                return None
+            for line in text.splitlines():
+                if line.startswith(name):
+                    total += float(line.rsplit(None, 1)[1])
+        return total
 
     def broker_pids(self) -> list[int]:
         pid = self.procs[0].pid
@@ -123,6 +153,7 @@ def run_once(broker: HostModeFlowMQ, args: argparse.Namespace, tag: str) -> dict
     # the clock ran.
     result["generator_cpu"] = (_children_cpu() - cpu0) / wall
     result["cpu_split"] = broker.cpu_split()
+    result["written"] = broker.written()
     # Deliveries per second of broker CPU: what a delivery costs, whatever share of the
     # cores the broker got on a shared machine.
     result["per_cpu"] = result["rate"] / result["broker_cpu"] if result["broker_cpu"] else 0.0
@@ -178,7 +209,8 @@ def main() -> int:
                     if res.get("lost"):
                         print(
                             f"      {name}: {res['lost']:,} of {res['expected']:,} not received "
-                            f"(the brokers counted {res['broker_dropped'] or 0:,.0f} dropped)"
+                            f"(the brokers wrote {res['written'] or 0:,.0f} PUBLISH packets "
+                            f"and counted {res['broker_dropped'] or 0:,.0f} dropped)"
                         )
                     for error in res["errors"]:
                         print(f"      {name}: {error}")

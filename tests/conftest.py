@@ -1,10 +1,11 @@
 """Settings for the whole test session.
 
-``flowmq serve`` runs one broker process per core by default (host mode, docs/operations.md
-"Host mode").  The brokers the tests start, in-process or as ``flowmq serve`` subprocesses
-(which inherit this environment), are single processes unless a test asks for more with
+``flowmq serve`` can run several broker processes behind one set of ports (host mode,
+docs/operations.md "Host mode"; one process is the default today, one per core may become
+it).  The brokers the tests start, in-process or as ``flowmq serve`` subprocesses (which
+inherit this environment), are single processes unless a test asks for more with
 ``--processes`` (tests/integration/test_host_mode.py): set here once, rather than in every
-fixture, and whatever the developer's environment says.
+fixture, whatever the default and the developer's environment say.
 """
 
 import os

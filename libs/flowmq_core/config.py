@@ -89,9 +89,9 @@ class BrokerConfig:
     amqp_tls_port: int = 5671
     http_tls_port: int = 8443
     # Host mode (DESIGN.md §14, docs/operations.md "Host mode"): ``flowmq serve`` runs this
-    # many broker processes sharing the client ports; 0 = one per usable core, 1 = a single
-    # process (what tests, benchmarks and the processes of ``flowmq cluster`` run).
-    processes: int = 0
+    # many broker processes sharing the client ports; 0 = one per usable core. 1, a single
+    # process, is the default until host mode pays on 2 cores (benchmarks/README.md).
+    processes: int = 1
     # Set by host mode on the processes it starts: the client listeners and the HTTP API bind
     # with SO_REUSEPORT, sharing their ports with the host's other processes.
     reuse_port: bool = False

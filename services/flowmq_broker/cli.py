@@ -78,8 +78,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "logger aiohttp.access; default false)",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "
         "a v5 client asking for more or for none is given this as server keep alive",
-        "processes": "broker processes sharing the client ports (host mode; default 0 = one "
-        "per usable core; 1 = a single process)",
+        "processes": "broker processes sharing the client ports (host mode; 0 = one per "
+        "usable core; default 1, a single process)",
         "reuse_port": "true or false: bind the client ports with SO_REUSEPORT (set by host "
         "mode on its processes)",
         "gossip_interval": f"seconds between gossip rounds (default {defaults.gossip_interval})",

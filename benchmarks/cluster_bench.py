@@ -88,6 +88,7 @@ class FlowMQCluster(mb.FlowMQ):
             log = workdir / f"{node}.log"
             self.logs.append(log)
             cmd = [sys.executable, "-m", "flowmq_broker.cli", "serve", "--data-dir", str(data)]
+            cmd += ["--processes", "1"]  # one broker per process here, not host mode
             cmd += ["--node-id", node, "--meta", f"sqlite:///{root / 'meta.db'}"]
             cmd += ["--objects", (root / "objects").as_uri(), "--admin-token", TOKEN]
             for option in (

@@ -204,6 +204,7 @@ class FlowMQ(Broker):
             log = workdir / f"flowmq-{i}.log"
             self.logs.append(log)
             cmd = [sys.executable, "-m", "flowmq_broker.cli", "serve", "--data-dir", str(data)]
+            cmd += ["--processes", "1"]  # one broker per process here, not host mode
             for option in (
                 "--http-port",
                 "--mqtt-port",

@@ -46,6 +46,8 @@ def main() -> None:
             "mqtt,admin",
             "--max-connections-per-address",
             per_address,
+            "--processes",
+            "1",
         )
         try:
             port = broker.ports["mqtt"]

@@ -132,6 +132,13 @@ class BrokerConfig:
     kafka_tls_port: int = 9093  # Kafka's SSL and SASL_SSL security protocols
     amqp_tls_port: int = 5671
     http_tls_port: int = 8443
+    # Host mode (DESIGN.md §14, docs/operations.md "Host mode"): ``flowmq serve`` runs this
+    # many broker processes sharing the client ports; 0 = one per usable core. 1, a single
+    # process, is the default until host mode pays on 2 cores (benchmarks/README.md).
+    processes: int = 1
+    # Set by host mode on the processes it starts: the client listeners and the HTTP API bind
+    # with SO_REUSEPORT, sharing their ports with the host's other processes.
+    reuse_port: bool = False
 
     def resolved(self) -> BrokerConfig:
         """A copy with the embedded defaults that depend on other keys filled in: the URLs
@@ -177,6 +184,8 @@ class BrokerConfig:
                     f"bind must be an IP address (127.0.0.1, 0.0.0.0, 10.0.0.5, ::) or "
                     f"localhost; got {self.bind!r}"
                 ) from None
+        if self.processes < 0:
+            raise ConfigError(f"processes must be 0 (one per core) or more; got {self.processes}")
         if self.log_format.lower() not in {"text", "json"}:
             raise ConfigError(f"log_format must be text or json; got {self.log_format}")
         try:

@@ -13,19 +13,13 @@ from pathlib import Path
 
 import flowmq_ctl
 from flowmq_broker.launcher import add_cluster_parser, cluster_command
+from flowmq_broker.listeners import log_admin_api
 from flowmq_broker.logfmt import configure_logging
 from flowmq_core.config import ALL_ROLES, BrokerConfig, ConfigError, load_config
 from flowmq_ctl.commands import add_cluster_status, add_commands, add_user_verbs
 from flowmq_ctl.parser import Parser, common_options
 
 log = logging.getLogger("flowmq")
-
-
-def _url_host(bind: str) -> str:
-    """A host for a URL reaching an address bound to ``bind``."""
-    if bind in ("0.0.0.0", "::"):
-        return "127.0.0.1" if bind == "0.0.0.0" else "[::1]"
-    return f"[{bind}]" if ":" in bind else bind
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -97,6 +91,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "logger aiohttp.access; default false)",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "
         "a v5 client asking for more or for none is given this as server keep alive",
+        "processes": "broker processes sharing the client ports (host mode; 0 = one per "
+        "usable core; default 1, a single process)",
+        "reuse_port": "true or false: bind the client ports with SO_REUSEPORT (set by host "
+        "mode on its processes)",
         "gossip_interval": f"seconds between gossip rounds (default {defaults.gossip_interval})",
         "gossip_nodes": f"peers gossiped to per round (default {defaults.gossip_nodes})",
         "gossip_probe_interval": "seconds between failure-detector probes "
@@ -216,8 +214,8 @@ async def _serve(config: BrokerConfig) -> int:
         await broker.stop()
         print(f"flowmq: {exc}", file=sys.stderr)
         return 1
-    log.info("admin API: http://%s:%d/api/v1 (token file %s)", _url_host(broker.config.bind),
-             broker.ports["http"], broker.data_dir / "admin_token")  # fmt: skip
+    if not config.reuse_port:  # in host mode the supervisor tells the shared one
+        log_admin_api(broker.config.bind, broker.ports["http"], broker.data_dir)
     await stop.wait()
     log.info("shutting down")
     await broker.stop()
@@ -268,6 +266,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"flowmq: {exc}", file=sys.stderr)
             return 2
         configure_logging(config.log_level, config.log_format)
+        from flowmq_broker.hostmode import run_host_mode, usable_cores
+
+        processes = config.processes or usable_cores()
+        if processes > 1:
+            return run_host_mode(config, processes)
         try:
             import uvloop
         except ImportError:  # uvloop is optional (not built for every platform)

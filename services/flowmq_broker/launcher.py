@@ -76,6 +76,7 @@ def serve_command(
     """The ``flowmq serve`` command line of one process (``data_dir`` absolute)."""
     cmd = [
         sys.executable, "-m", "flowmq_broker.cli", "serve",
+        "--processes", "1",  # each is one broker with ports of its own, not host mode
         "--data-dir", str(data_dir / plan.node_id),
         "--node-id", plan.node_id,
         "--meta", f"sqlite:///{data_dir / 'meta.db'}",

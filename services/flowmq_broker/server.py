@@ -23,6 +23,7 @@ from flowmq_broker.admin_token import load_or_create_token
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.group_admin import GroupAdmin
+from flowmq_broker.listeners import bind_socket
 from flowmq_broker.live import LiveViews
 from flowmq_broker.nodes import NodeRegistry
 from flowmq_broker.operations import OperationsBackend
@@ -296,7 +297,7 @@ class Broker(OperationsBackend):
             await self.catalog.ensure_namespace()
         except MetaError as exc:
             raise StartupError(f"meta store {cfg.meta}: {exc}") from None
-        http_socket = self._bind_http()
+        http_sockets = self._bind_http()
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{self.ports['http']}"
         self.cluster = ClusterRouting(
@@ -408,7 +409,7 @@ class Broker(OperationsBackend):
         if self.mqtt is not None:
             await self._start_mqtt_websocket(self.mqtt, self.tls)
         await self.nodes_registry.start()
-        await self._serve_http(http_socket)
+        await self._serve_http(http_sockets)
         if self.tls is not None:
             await self._serve_https(self.tls)
         self.maintenance.start()
@@ -419,25 +420,28 @@ class Broker(OperationsBackend):
             "node %s ready: %s", self.node_id, ", ".join(f"{k}={v}" for k, v in self.ports.items())
         )
 
-    def _bind_http(self) -> socket.socket:
+    def _bind_http(self) -> list[socket.socket]:
         """Bind the HTTP port first: a node id may be derived from it.  It serves only once
-        the broker is ready (``_serve_http``).  One socket on ``bind``: with a host name
-        asyncio may bind IPv4 and IPv6 separately, and port 0 would then give two ports."""
-        host = self.config.bind
-        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        the broker is ready (``_serve_http``).  In host mode (``reuse_port``) the port is
+        shared by the host's processes, so each also binds a port of its own (any free one),
+        which ``ports`` names: the admin API's per-process views (clients, metrics) need a
+        way to reach one process."""
+        cfg = self.config
+        sockets: list[socket.socket] = []
         try:
-            sock.bind((host, self.config.http_port))
+            sockets.append(bind_socket(cfg.bind, cfg.http_port, reuse_port=cfg.reuse_port))
+            if cfg.reuse_port:
+                sockets.append(bind_socket(cfg.bind, 0))
         except OSError as exc:
-            sock.close()
+            for sock in sockets:
+                sock.close()
             raise StartupError(
-                f"cannot listen on HTTP port {self.config.http_port}: {exc.strerror}"
+                f"cannot listen on HTTP port {cfg.http_port}: {exc.strerror}"
             ) from None
-        self.ports["http"] = sock.getsockname()[1]
-        return sock
+        self.ports["http"] = sockets[-1].getsockname()[1]
+        return sockets
 
-    async def _serve_http(self, sock: socket.socket) -> None:
+    async def _serve_http(self, sockets: list[socket.socket]) -> None:
         app = create_app(self, self.admin_token, admin="admin" in self.config.roles)
         # Room for any URL a client may send, so that a topic past MAX_TOPIC_BYTES is refused
         # by our own check inside the JSON envelope, not by aiohttp's 8 KiB request line
@@ -449,7 +453,8 @@ class Broker(OperationsBackend):
             app, access_log=access_log, handle_signals=False, max_line_size=256 * 1024
         )
         await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
+        for sock in sockets:
+            await web.SockSite(self._runner, sock).start()
 
     def _node_key(self) -> str:
         """A name unique to this process for the objects it writes (node ids may be derived
@@ -575,12 +580,9 @@ class Broker(OperationsBackend):
         ports.json ``http_tls``): the app ``_serve_http`` set up, on a second site."""
         assert self._runner is not None
         port = self.config.http_tls_port
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((self.config.bind, port))
+            sock = bind_socket(self.config.bind, port, reuse_port=self.config.reuse_port)
         except OSError as exc:
-            sock.close()
             raise StartupError(f"cannot listen on http_tls port {port}: {exc.strerror}") from None
         self.ports["http_tls"] = sock.getsockname()[1]
         await web.SockSite(self._runner, sock, ssl_context=tls.context).start()

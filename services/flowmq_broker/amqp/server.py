@@ -29,7 +29,10 @@ class AmqpServer:
         await shared.exchanges.load()
         self.services.sync.on_change.append(shared.exchanges.load)
         self._server, bound = await listen(
-            lambda: AmqpConnection(shared), port, self.services.config.bind
+            lambda: AmqpConnection(shared),
+            port,
+            self.services.config.bind,
+            reuse_port=self.services.config.reuse_port,
         )
         return bound
 
@@ -39,7 +42,11 @@ class AmqpServer:
         shared = self.shared
         shared.tls = tls
         self._tls_server, bound = await listen(
-            lambda: AmqpConnection(shared), port, self.services.config.bind, ssl=tls.context
+            lambda: AmqpConnection(shared),
+            port,
+            self.services.config.bind,
+            ssl=tls.context,
+            reuse_port=self.services.config.reuse_port,
         )
         return bound
 

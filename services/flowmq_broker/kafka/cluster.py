@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from flowmq_core.config import is_loopback
 from flowmq_core.periodic import PeriodicTask
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,18 @@ class KafkaNode:
         without a TLS listener is advertised with its plain port (a TLS client then fails
         to reach it: give every broker of a cluster the same TLS settings)."""
         return self.tls_port if tls and self.tls_port else self.port
+
+
+def _advertised(node: dict[str, Any]) -> str | None:
+    """The host clients are told for another broker: the one its cluster plane is reached at,
+    except a loopback one.  A peer reached over loopback runs on this host (host mode's
+    processes, ``flowmq cluster``), so a client reaches it where it reached us (None), which
+    works from other hosts too; 127.0.0.1 would send them to themselves.  A broker's own
+    ``advertised_host`` wins over both."""
+    if node.get("advertised_host"):
+        return str(node["advertised_host"])
+    host = node.get("host")
+    return None if host is None or is_loopback(host) else host
 
 
 def _score(key: bytes, node: KafkaNode) -> bytes:
@@ -97,8 +110,9 @@ class ClusterView:
                 continue
             name = node["node_id"]
             tls_port = int(node["ports"].get("kafka_tls") or 0)
-            host = node.get("advertised_host") or node.get("host")
-            found.append(KafkaNode(name, kafka_node_id(name), host, int(port), tls_port))
+            found.append(
+                KafkaNode(name, kafka_node_id(name), _advertised(node), int(port), tls_port)
+            )
         self._set(found)
 
     def owner(self, key: str) -> KafkaNode:

@@ -83,15 +83,16 @@ class KafkaServer:
         self._request_counters: dict[int, Any] = {}
         self._server: asyncio.base_events.Server | None = None
         self._tls_server: asyncio.base_events.Server | None = None
+        # Host mode: the listeners on the shared ports, beside the advertised ones (``_listen``).
+        self._shared_servers: list[asyncio.base_events.Server] = []
         self.tls: ServerTls | None = None
         self.port = 0
 
     # -- life cycle --------------------------------------------------------------------------
 
     async def start(self, port: int) -> int:
-        self._server, self.port = await listen(
-            lambda: KafkaConnection(self), port, self.services.config.bind
-        )
+        """Serve on ``port``; returns the port Metadata advertises for this broker."""
+        self._server, self.port = await self._listen(port)
         self.cluster.start(self.port)
         if self.idle_timeout > 0:
             self._schedule_idle_sweep()
@@ -101,16 +102,37 @@ class KafkaServer:
         """Serve Kafka's SSL and SASL_SSL security protocols on ``port`` too (after
         ``start``); Metadata then tells TLS clients the brokers' TLS ports."""
         self.tls = tls
-        self._tls_server, bound = await listen(
-            lambda: KafkaConnection(self), port, self.services.config.bind, ssl=tls.context
-        )
+        self._tls_server, bound = await self._listen(port, tls)
         self.cluster.set_tls_port(bound)
         return bound
+
+    async def _listen(
+        self, port: int, tls: ServerTls | None = None
+    ) -> tuple[asyncio.base_events.Server, int]:
+        """Listen on ``port``; returns the server and the port to advertise.
+
+        In host mode (``reuse_port``, DESIGN.md §14) ``port`` is shared by the host's
+        processes, and a connection to it lands on any of them; but a Kafka client routes
+        by broker (partition leader, group coordinator: ``cluster.py``) and keeps one
+        connection per broker, so a group's requests could reach a process that does not
+        coordinate it, again and again.  Each process therefore also listens on a port of
+        its own (any free one) and advertises that: clients bootstrap through the shared
+        port and then reach every process directly, as brokers of a cluster."""
+        config = self.services.config
+        ssl = tls.context if tls is not None else None
+        server, bound = await listen(
+            lambda: KafkaConnection(self), port, config.bind, ssl=ssl, reuse_port=config.reuse_port
+        )
+        if not config.reuse_port:
+            return server, bound
+        self._shared_servers.append(server)  # stopped with the others
+        return await listen(lambda: KafkaConnection(self), 0, config.bind, ssl=ssl)
 
     async def stop(self) -> None:
         if self._idle_sweep is not None:
             self._idle_sweep.cancel()
         servers = [s for s in (self._server, self._tls_server) if s is not None]
+        servers += self._shared_servers
         for server in servers:
             server.close()
         for conn in list(self.connections):

@@ -69,6 +69,7 @@ class MqttServer:
         *,
         node_id: str,
         host: str = "127.0.0.1",
+        reuse_port: bool = False,
         allow_anonymous: bool = True,
         max_packet_size: int = 1024 * 1024,
         max_keep_alive: int = 65535,
@@ -88,6 +89,7 @@ class MqttServer:
         self.users = users
         self.node_id = node_id
         self.host = host  # the address the listener binds
+        self.reuse_port = reuse_port  # host mode: share the ports (flowmq_broker.listeners)
         self.allow_anonymous = allow_anonymous
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive
@@ -139,6 +141,7 @@ class MqttServer:
             services.users,
             node_id=services.node_id,
             host=services.config.bind,
+            reuse_port=services.config.reuse_port,
             allow_anonymous=bool(services.config.allow_anonymous),
             max_keep_alive=services.config.mqtt_max_keep_alive,
             max_subscriptions=services.config.mqtt_max_subscriptions,
@@ -163,14 +166,20 @@ class MqttServer:
             cluster.on_node_dead.append(self.restore_sessions)
             cluster.on_links_blocked = self._links_blocked
             cluster.on_links_free = self._links_free
-        self._server, bound = await listen(lambda: MqttConnection(self), port, self.host)
+        self._server, bound = await listen(
+            lambda: MqttConnection(self), port, self.host, reuse_port=self.reuse_port
+        )
         return bound
 
     async def start_tls(self, port: int, tls: ServerTls) -> int:
         """Serve MQTT over TLS on ``port`` too (after ``start``); returns the bound port."""
         self.tls = tls
         self._tls_server, bound = await listen(
-            lambda: MqttConnection(self), port, self.host, ssl=tls.context
+            lambda: MqttConnection(self),
+            port,
+            self.host,
+            ssl=tls.context,
+            reuse_port=self.reuse_port,
         )
         return bound
 

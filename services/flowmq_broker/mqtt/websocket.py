@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 
+from flowmq_broker.listeners import bind_socket
 from flowmq_broker.mqtt.connection import MqttConnection
 
 if TYPE_CHECKING:
@@ -182,14 +182,7 @@ class MqttWebSocketListener:
         if not self._started:
             await self._runner.setup()
             self._started = True
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            sock.close()
-            raise
+        sock = bind_socket(host, port, reuse_port=self.server.reuse_port)
         bound = sock.getsockname()[1]
         await web.SockSite(self._runner, sock, ssl_context=ssl_context).start()
         return bound

@@ -123,6 +123,16 @@ class AmqpConnection(asyncio.Protocol):
         self.shared.connections.discard(self)
         if self._counted:
             metrics.amqp_connections.labels(self.namespace).dec()
+            log.info(
+                "AMQP connection %s (%s, vhost %s) closed%s",
+                self.peer,
+                self._who(),
+                self.vhost,
+                f": {exc}" if exc is not None else "",
+            )
+
+    def _who(self) -> str:
+        return f"user {self.username!r}" if self.username is not None else "anonymous"
 
     def pause_writing(self) -> None:
         self.paused_writing = True
@@ -477,6 +487,7 @@ class AmqpConnection(asyncio.Protocol):
         self.state = "opened"
         self._counted = True
         metrics.amqp_connections.labels(namespace).inc()
+        log.info("AMQP connection %s: %s opened vhost %s", self.peer, self._who(), vhost)
         self.send(encode_method(0, commands.Connection.OpenOk()))
         self.flush()
 

@@ -119,6 +119,7 @@ def test_amqp_certificate_cn_is_the_login_with_external(mtls_broker, pki, uid):
     connection = _amqp_with_certificate(mtls_broker, pki, "alice")
     try:
         channel = connection.channel()
+        channel.confirm_delivery()  # the get below must not race the durable write
         queue = f"cn-{uid}"
         channel.queue_declare(queue, durable=True)
         channel.basic_publish("", queue, b"from alice")

@@ -59,6 +59,13 @@ class BrokerConfig:
     # Bytes of QoS 1/2 messages an offline persistent session keeps (its durable queue);
     # past it a publish for that session is refused (v5 PUBACK 0x97; 3.1.1: disconnect).
     mqtt_max_offline_bytes: int = 64 * 1024 * 1024
+    # Payload bytes of QoS 1/2 messages in flight to one connected subscriber (besides the
+    # client's receive maximum): past it the rest wait in its session queue, so a slow client
+    # with a large window cannot pin 65,535 large messages in the broker's memory.
+    mqtt_max_inflight_bytes: int = 16 * 1024 * 1024
+    # Packets a client may send while its CONNECT waits (login check, session takeover);
+    # reading stops meanwhile, so only one read's worth can arrive: more closes the client.
+    mqtt_max_held_packets: int = 1000
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.

@@ -314,7 +314,18 @@ class MqttDecoder:
                         raise ProtocolViolation("PUBLISH with an empty topic and no topic alias")
                 elif not topic:
                     raise ProtocolViolation("PUBLISH with an empty topic")
-                append(Publish(topic, buf[p:end], qos, retain, dup, packet_id, props))
+                append(
+                    Publish(
+                        topic,
+                        buf[p:end],
+                        qos,
+                        retain,
+                        dup,
+                        packet_id,
+                        props,
+                        buf[pos:end] if b0 == 0x30 else None,
+                    )
+                )
                 pos = end
             else:
                 need = 2

@@ -17,7 +17,7 @@ from collections import deque
 from typing import Any
 
 import flowmq_metrics as metrics
-from flowmq_broker.mqtt.delivery import WRITE_HIGH_WATER, message_from
+from flowmq_broker.mqtt.delivery import WRITE_HIGH_WATER, RoutePlan, message_from
 from flowmq_broker.mqtt.host import ConnectionHost
 from flowmq_broker.mqtt.metrics import mqtt_metrics
 from flowmq_broker.mqtt.session import NEVER_EXPIRES, Outgoing, Session, Subscription
@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 SERVER_RECEIVE_MAXIMUM = 1024
 SERVER_TOPIC_ALIAS_MAXIMUM = 64
 CONNECT_TIMEOUT_S = 30.0
+# Topics one connection remembers as checked (_checked_topics) before starting over.
+MAX_CHECKED_TOPICS = 1000
 # Default bound on packets read while CONNECT waits (config ``mqtt_max_held_packets``): reading
 # stops during the wait, so this bounds what the reads already made can hold.
 DEFAULT_MAX_HELD_PACKETS = 1000
@@ -108,6 +110,8 @@ class MqttConnection(asyncio.Protocol):
         # QoS 0 PUBLISH packets forwarded by route plan during a read, and their deliveries
         # to bindings: the router's metrics, counted once per read.
         self._routed = self._routed_to = 0
+        self._checked: dict[str, RoutePlan] = {}  # see _checked_topics
+        self._checked_generations = (-1, -1)
         self.m = mqtt_metrics(self.namespace)
         self.client_receive_maximum = 65535
         self.client_max_packet: int | None = None
@@ -161,16 +165,57 @@ class MqttConnection(asyncio.Protocol):
 
     def _handle_all(self, packets: list[Any]) -> None:
         on_publish = self._on_publish
-        for packet in packets:
-            if self.closing:
-                return
-            if self._held is not None:  # CONNECT is waiting (another node, the store)
-                self._hold(packet)
-                continue
-            if packet.__class__ is Publish:  # most of the traffic: no handler lookup
+        fast = self._checked_topics()
+        forward = self.delivery.forward_qos0
+        client_id = self.client_id
+        count = size = routed_to = 0
+        try:
+            for packet in packets:
+                if self.closing:
+                    return
+                if self._held is not None:  # CONNECT is waiting (another node, the store)
+                    self._hold(packet)
+                    continue
+                if packet.__class__ is not Publish:
+                    self._handle(packet)
+                    fast = self._checked_topics()  # a SUBSCRIBE, a CONNECT may change it
+                    client_id = self.client_id
+                    continue
+                # Most of the traffic: a plain QoS 0 PUBLISH on a topic already checked goes
+                # by its route plan, as the bytes it came in (see _on_publish).
+                if fast is not None and packet.raw is not None:
+                    plan = fast.get(packet.topic)
+                    if plan is not None:
+                        count += 1
+                        size += len(packet.payload)
+                        routed_to += len(plan.bindings)
+                        if plan.plain:
+                            forward(self, plan, packet.topic, packet.payload, packet.raw, client_id)
+                        continue
                 on_publish(packet)
-            else:
-                self._handle(packet)
+        finally:
+            if count:
+                self._in_count += count
+                self._in_bytes += size
+                self._routed += count
+                self._routed_to += routed_to
+
+    def _checked_topics(self) -> dict[str, RoutePlan] | None:
+        """The topics this client published plain QoS 0 messages on that passed every check
+        (topic rules, ACL) and reach only local subscribers, with their route plans; valid
+        while neither the routes nor the client's ACLs change.  None: no such shortcut now
+        (not connected; other nodes with routes, whose forwards go through the router)."""
+        access = self.access
+        if self.session is None or access is None:
+            return None
+        router = self.delivery.router
+        forwarder = router.forwarder
+        if forwarder is not None and forwarder.remote:
+            return None
+        if self._checked_generations != (router.generation, access.generation):
+            self._checked_generations = (router.generation, access.generation)
+            self._checked = {}
+        return self._checked
 
     def _hold(self, packet: Any) -> None:
         """Keep ``packet`` until CONNECT is done; past ``max_held_packets`` the client is
@@ -688,24 +733,26 @@ class MqttConnection(asyncio.Protocol):
                 self.send(ack(packet_id, rc.NOT_AUTHORIZED if self.level == 5 else rc.SUCCESS))
             return
         raw = p.raw
-        if raw is not None and not props:
+        checked = self._checked_topics() if raw is not None and not props else None
+        if checked is not None:
             # Plain QoS 0: by the topic's route plan, as the bytes it came in, if only local
-            # subscribers want it (no Stream, Queue, shared group or other node).
+            # subscribers want it (no Stream, Queue, shared group or other node); the topic
+            # is then remembered as checked (_handle_all takes the next ones straight).
             delivery = self.delivery
-            router = delivery.router
-            forwarder = router.forwarder
-            if forwarder is None or not forwarder.remote:
-                try:
-                    plan = delivery.plan(delivery.plans(namespace), namespace, topic)
-                except DestinationUnavailable:
-                    self.m.dropped.inc()
-                    return
-                if not plan.others:
-                    if plan.plain:
-                        delivery.forward_qos0(self, plan, topic, p.payload, raw, self.client_id)
-                    self._routed += 1
-                    self._routed_to += len(plan.bindings)
-                    return
+            try:
+                plan = delivery.plan(delivery.plans(namespace), namespace, topic)
+            except DestinationUnavailable:
+                self.m.dropped.inc()
+                return
+            if not plan.others:
+                if len(checked) >= MAX_CHECKED_TOPICS:
+                    checked.clear()
+                checked[topic] = plan
+                if plan.plain:
+                    delivery.forward_qos0(self, plan, topic, p.payload, raw, self.client_id)
+                self._routed += 1
+                self._routed_to += len(plan.bindings)
+                return
         message = message_from(topic, p.payload, qos, p.retain, props, self.client_id)
         pending: list[Any] = []
         if p.retain:

@@ -65,16 +65,22 @@ _NO_IDS: list[int] = []
 Source = SessionConnection | Link | None
 
 
+# A plain subscriber in a route plan: its session's key, the subscriptions of that session
+# the topic matched, and that subscription if it is the only one and carries no subscription
+# identifier (then a QoS 0 message needs no PUBLISH of the subscriber's own).
+PlainTarget = tuple[tuple[str, str], list[Subscription], Subscription | None]
+
+
 class RoutePlan:
-    """Where one topic goes: the plain subscribers (session key, the subscriptions of that
-    session the topic matched) and every other binding with its destination type."""
+    """Where one topic goes: the plain subscribers and every other binding with its
+    destination type."""
 
     __slots__ = ("bindings", "plain", "others")
 
     def __init__(
         self,
         bindings: frozenset[Binding],
-        plain: list[tuple[tuple[str, str], list[Subscription]]],
+        plain: list[PlainTarget],
         others: list[tuple[DestinationType, Binding]],
     ) -> None:
         self.bindings = bindings
@@ -136,7 +142,7 @@ class MqttDelivery:
             return plan
         router = self.router
         bindings = router.match(namespace, topic)
-        plain: list[tuple[tuple[str, str], list[Subscription]]] = []
+        plain: list[PlainTarget] = []
         others: list[tuple[DestinationType, Binding]] = []
         for binding in bindings:
             if binding.type == SUBSCRIPTION:
@@ -148,7 +154,8 @@ class MqttDelivery:
                 if len(subs) != 1:  # which of the client's filters matched decides QoS and ids
                     subs = [sub for sub in subs if matches(sub.topic_filter, topic)]
                 if subs:
-                    plain.append((key, subs))
+                    single = subs[0] if len(subs) == 1 and not subs[0].identifier else None
+                    plain.append((key, subs, single))
                 continue
             dest_type = router.destination_type(binding)
             if dest_type is None:
@@ -180,7 +187,7 @@ class MqttDelivery:
         plan = self.plan(self.plans(namespace), namespace, message.topic)
         pending: list[Any] = []
         sessions = self.sessions
-        for key, subs in plan.plain:
+        for key, subs, _ in plan.plain:
             session = sessions.get(key)
             if session is not None:
                 result = self.deliver(session, message, subs, None, source)
@@ -212,24 +219,19 @@ class MqttDelivery:
         other: bytes | None = None  # the PUBLISH at the other protocol level
         message: Message | None = None
         sessions = self.sessions
-        for key, subs in plan.plain:
+        for key, subs, single in plan.plain:
             session = sessions.get(key)
             if session is None:
                 continue
             conn = session.connection
             if conn is None:
                 continue  # offline sessions get no QoS 0 messages
-            if len(subs) == 1:
-                sub = subs[0]
-                if sub.options.no_local and session.client_id == origin:
-                    continue
-                own = conn.level == 5 and (sub.identifier or conn.client_alias_maximum)
-            else:
-                own = True
-            if own:
+            if single is None or conn.client_alias_maximum:  # a PUBLISH of its own
                 if message is None:
                     message = message_from(topic, payload, 0, False, None, origin)
                 self.deliver(session, message, subs, None, source)
+                continue
+            if single.options.no_local and session.client_id == origin:
                 continue
             if conn.transport is None:
                 conn.m.dropped.inc()

@@ -107,9 +107,6 @@ class MqttConnection(asyncio.Protocol):
         self._dirty = False
         self.writing_paused = False
         self._in_count = self._in_bytes = self.out_count = self.out_payload = 0
-        # QoS 0 PUBLISH packets forwarded by route plan during a read, and their deliveries
-        # to bindings: the router's metrics, counted once per read.
-        self._routed = self._routed_to = 0
         self._checked: dict[str, RoutePlan] = {}  # see _checked_topics
         self._checked_generations = (-1, -1)
         self.m = mqtt_metrics(self.namespace)
@@ -145,9 +142,6 @@ class MqttConnection(asyncio.Protocol):
                 self.m.messages_in.inc(self._in_count)
                 self.m.bytes_in.inc(self._in_bytes)
                 self._in_count = self._in_bytes = 0
-            if self._routed:
-                self.server.router.count_published(self.namespace, self._routed, self._routed_to)
-                self._routed = self._routed_to = 0
             # Everything this read produced — acks and every subscriber's deliveries — goes
             # out now, one write per connection (uvloop reads a socket many times per wake-up
             # before running callbacks: waiting for call_soon would send megabyte bursts).
@@ -197,8 +191,7 @@ class MqttConnection(asyncio.Protocol):
             if count:
                 self._in_count += count
                 self._in_bytes += size
-                self._routed += count
-                self._routed_to += routed_to
+                self.delivery.count(self.namespace, count, routed_to)
 
     def _checked_topics(self) -> dict[str, RoutePlan] | None:
         """The topics this client published plain QoS 0 messages on that passed every check
@@ -750,8 +743,7 @@ class MqttConnection(asyncio.Protocol):
                 checked[topic] = plan
                 if plan.plain:
                     delivery.forward_qos0(self, plan, topic, p.payload, raw, self.client_id)
-                self._routed += 1
-                self._routed_to += len(plan.bindings)
+                delivery.count(namespace, 1, len(plan.bindings))
                 return
         message = message_from(topic, p.payload, qos, p.retain, props, self.client_id)
         pending: list[Any] = []
@@ -795,6 +787,9 @@ class MqttConnection(asyncio.Protocol):
         """Acknowledge in the order the PUBLISH packets came (MQTT-4.6.0-2), each only once
         everything it waited for (durable destinations, retained store) is done."""
         if not pending and not self._acks:
+            if ack is Puback and not reason:  # the common case, without an encoder call
+                self.write(bytes((0x40, 2, packet_id >> 8, packet_id & 0xFF)))
+                return
             self.send(
                 ack(packet_id, reason, {"reason_string": why} if why and self.level == 5 else {})
             )

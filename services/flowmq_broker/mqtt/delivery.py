@@ -116,6 +116,7 @@ class MqttDelivery:
         self._encode_cache: dict[Any, Any] = {}
         self._plans: dict[str, dict[str, RoutePlan]] = {}
         self._plans_generation = -1
+        self._tally: dict[str, list[int]] = {}  # namespace -> [messages, deliveries] (count)
         self._shared_turn = itertools.count()
         self.subscription_type = _SubscriptionType(self)
         self.shared_type = _SharedType(self)
@@ -197,8 +198,20 @@ class MqttDelivery:
             result = dest_type.accept_from(binding, message, source)
             if result is not None:
                 pending.append(result)
-        router.count_published(namespace, 1, len(plan.bindings))
+        self.count(namespace, 1, len(plan.bindings))
         return plan.bindings, pending
+
+    def count(self, namespace: str, messages: int, deliveries: int) -> None:
+        """Count ``messages`` routed here by route plan, with their ``deliveries`` to
+        bindings, in the router's metrics: added up, and counted at the next flush."""
+        tally = self._tally.get(namespace)
+        if tally is None:
+            tally = self._tally[namespace] = [0, 0]
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self.flush_dirty)
+        tally[0] += messages
+        tally[1] += deliveries
 
     # --- delivery ---------------------------------------------------------------------------
     def forward_qos0(
@@ -365,11 +378,18 @@ class MqttDelivery:
                 )  # fmt: skip
         else:
             prepared = cache.get(level)
-            if prepared is None:
-                prepared = cache[level] = PreparedPublish(
-                    message.topic, message.payload, properties_of(message, level), level
-                )
-            data = prepared.encode(qos, retain, False, packet_id)
+            if prepared is None:  # the first subscriber at this level: encoded for it alone
+                cache[level] = False
+                data = encode_publish(
+                    message.topic, message.payload, qos, retain, False, packet_id,
+                    properties_of(message, level), level,
+                )  # fmt: skip
+            else:  # more: the topic, properties and payload are encoded once for all
+                if prepared is False:
+                    prepared = cache[level] = PreparedPublish(
+                        message.topic, message.payload, properties_of(message, level), level
+                    )
+                data = prepared.encode(qos, retain, False, packet_id)
         self.emit(conn, data, len(message.payload), packet_id)
 
     def write_publish(
@@ -458,6 +478,10 @@ class MqttDelivery:
         dirty, self.dirty = self.dirty, []
         for connection in dirty:
             connection.flush()
+        if self._tally:
+            tally, self._tally = self._tally, {}
+            for namespace, (messages, deliveries) in tally.items():
+                self.router.count_published(namespace, messages, deliveries)
 
     # --- flow control -----------------------------------------------------------------------
     def check_congestion(self, session: Session, source: Source) -> None:

@@ -220,9 +220,15 @@ class Session:
         }
 
 
+_PLAIN_EXTRA: dict[str, Any] = {"subscription_identifier": []}
+
+
 def delivery_extra(identifiers: list[int], shared: str | None) -> dict[str, Any]:
-    """What a queued or in-flight message carries besides itself."""
+    """What a queued or in-flight message carries besides itself (read only: the common
+    one, no identifiers and no group, is shared)."""
     if shared is None:
+        if not identifiers:
+            return _PLAIN_EXTRA
         return {"subscription_identifier": identifiers}
     return {"subscription_identifier": identifiers, "shared": shared}
 

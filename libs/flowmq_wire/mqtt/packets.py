@@ -182,11 +182,9 @@ class Connack(Packet):
 
 class Publish(Packet):
     """PUBLISH. ``packet_id`` is ``None`` for QoS 0. In v5 ``topic`` may be ``""`` when the
-    ``topic_alias`` property names a topic set earlier; resolving aliases is the session's job.
-    ``raw``: the whole packet as received, kept by the decoder for a plain QoS 0 PUBLISH (no
-    retain, no DUP), which a broker may forward unchanged; else None."""
+    ``topic_alias`` property names a topic set earlier; resolving aliases is the session's job."""
 
-    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties", "raw")
+    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
     TYPE = PUBLISH
 
     def __init__(
@@ -198,7 +196,6 @@ class Publish(Packet):
         dup: bool = False,
         packet_id: int | None = None,
         properties: Properties = EMPTY_PROPERTIES,
-        raw: bytes | None = None,
     ) -> None:
         self.topic = topic
         self.payload = payload
@@ -207,11 +204,11 @@ class Publish(Packet):
         self.dup = dup
         self.packet_id = packet_id
         self.properties = properties
-        self.raw = raw
 
 
-# ``raw`` is how a packet arrived, not what it says: equality and repr leave it out.
-Publish._fields = tuple(f for f in Publish._fields if f != "raw")
+PlainPublish = tuple[str, bytes, bytes]
+"""A plain QoS 0 PUBLISH as ``MqttDecoder(plain_tuples=True)`` yields it: topic, payload, and
+the whole packet as received (no retain, no DUP, no properties)."""
 
 
 class _PubResponse(Packet):
@@ -403,6 +400,7 @@ __all__ = [
     "Packet",
     "Pingreq",
     "Pingresp",
+    "PlainPublish",
     "Properties",
     "Puback",
     "Pubcomp",

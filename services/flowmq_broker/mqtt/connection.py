@@ -83,7 +83,10 @@ class MqttConnection(asyncio.Protocol):
         self.server = server
         self.delivery = server.delivery
         self.namespace = DEFAULT_NAMESPACE
-        self.decoder = MqttDecoder(server=True, max_packet_size=server.max_packet_size)
+        # Plain QoS 0 PUBLISH packets come as (topic, payload, raw) tuples: see _handle_all.
+        self.decoder = MqttDecoder(
+            server=True, max_packet_size=server.max_packet_size, plain_tuples=True
+        )
         self.transport: asyncio.Transport | None = None
         self.level = 4
         self.session: Session | None = None
@@ -170,23 +173,25 @@ class MqttConnection(asyncio.Protocol):
                 if self._held is not None:  # CONNECT is waiting (another node, the store)
                     self._hold(packet)
                     continue
-                if packet.__class__ is not Publish:
+                cls = packet.__class__
+                if cls is tuple:  # a plain QoS 0 PUBLISH: (topic, payload, raw)
+                    # Most of the traffic: on a topic already checked it goes by its route
+                    # plan, as the bytes it came in (see _on_publish).
+                    plan = fast.get(packet[0]) if fast is not None else None
+                    if plan is None:
+                        on_publish(Publish(packet[0], packet[1]), packet[2])
+                        continue
+                    count += 1
+                    size += len(packet[1])
+                    routed_to += len(plan.bindings)
+                    if plan.plain:
+                        forward(self, plan, packet[0], packet[1], packet[2], client_id)
+                elif cls is Publish:
+                    on_publish(packet)
+                else:
                     self._handle(packet)
                     fast = self._checked_topics()  # a SUBSCRIBE, a CONNECT may change it
                     client_id = self.client_id
-                    continue
-                # Most of the traffic: a plain QoS 0 PUBLISH on a topic already checked goes
-                # by its route plan, as the bytes it came in (see _on_publish).
-                if fast is not None and packet.raw is not None:
-                    plan = fast.get(packet.topic)
-                    if plan is not None:
-                        count += 1
-                        size += len(packet.payload)
-                        routed_to += len(plan.bindings)
-                        if plan.plain:
-                            forward(self, plan, packet.topic, packet.payload, packet.raw, client_id)
-                        continue
-                on_publish(packet)
         finally:
             if count:
                 self._in_count += count
@@ -408,6 +413,9 @@ class MqttConnection(asyncio.Protocol):
 
     # --- packets ------------------------------------------------------------------------
     def _handle(self, packet: Any) -> None:
+        if packet.__class__ is tuple:  # a plain QoS 0 PUBLISH (held while CONNECT waited)
+            self._on_publish(Publish(packet[0], packet[1]), packet[2])
+            return
         handler = _HANDLERS.get(packet.__class__)
         if handler is None:
             self.disconnect(rc.PROTOCOL_ERROR, f"unexpected {packet.__class__.__name__}")
@@ -672,7 +680,8 @@ class MqttConnection(asyncio.Protocol):
         self._send_queued()
 
     # --- inbound PUBLISH ----------------------------------------------------------------
-    def _on_publish(self, p: Publish) -> None:
+    def _on_publish(self, p: Publish, raw: bytes | None = None) -> None:
+        """A PUBLISH; ``raw``: the packet as received, if it is a plain QoS 0 one."""
         session = self.session
         if session is None:
             self.disconnect(rc.PROTOCOL_ERROR, "PUBLISH before CONNECT")
@@ -725,8 +734,7 @@ class MqttConnection(asyncio.Protocol):
                 ack = Puback if qos == 1 else Pubrec
                 self.send(ack(packet_id, rc.NOT_AUTHORIZED if self.level == 5 else rc.SUCCESS))
             return
-        raw = p.raw
-        checked = self._checked_topics() if raw is not None and not props else None
+        checked = self._checked_topics() if raw is not None else None
         if checked is not None:
             # Plain QoS 0: by the topic's route plan, as the bytes it came in, if only local
             # subscribers want it (no Stream, Queue, shared group or other node); the topic

@@ -151,9 +151,7 @@ class MqttDelivery:
                 session = self.sessions.get(key)
                 if session is None:
                     continue
-                subs = session.plain_subscriptions()
-                if len(subs) != 1:  # which of the client's filters matched decides QoS and ids
-                    subs = [sub for sub in subs if matches(sub.topic_filter, topic)]
+                subs = matching_subscriptions(session, topic)
                 if subs:
                     single = subs[0] if len(subs) == 1 and not subs[0].identifier else None
                     plain.append((key, subs, single))
@@ -598,10 +596,18 @@ def properties_of(message: Message, level: int) -> dict[str, Any]:
     return props
 
 
-class _SubscriptionType(DestinationType):
-    """``subscription`` bindings: one per client, bound to each of its plain filters."""
+def matching_subscriptions(session: Session, topic: str) -> list[Subscription]:
+    """The plain subscriptions of ``session`` that ``topic`` matches (the router matched the
+    session, so with one plain filter that one matched)."""
+    plain = session.plain_subscriptions()
+    if len(plain) != 1:  # which of the client's filters matched decides QoS and ids
+        plain = [sub for sub in plain if matches(sub.topic_filter, topic)]
+    return plain
 
-    name = SUBSCRIPTION
+
+class _MqttType(DestinationType):
+    """An MQTT destination type: in memory, delivered by ``MqttDelivery`` with its source."""
+
     durable = False
 
     def __init__(self, delivery: MqttDelivery) -> None:
@@ -609,6 +615,12 @@ class _SubscriptionType(DestinationType):
 
     def accept(self, binding: Binding, message: Message) -> asyncio.Future[Any] | None:
         return self.accept_from(binding, message, None)
+
+
+class _SubscriptionType(_MqttType):
+    """``subscription`` bindings: one per client, bound to each of its plain filters."""
+
+    name = SUBSCRIPTION
 
     def accept_from(
         self, binding: Binding, message: Message, source: Any
@@ -617,27 +629,15 @@ class _SubscriptionType(DestinationType):
         session = delivery.sessions.get((binding.namespace, binding.name))
         if session is None:
             return None
-        plain = session.plain_subscriptions()
-        if len(plain) != 1:  # which of the client's filters matched decides QoS and ids
-            topic = message.topic
-            plain = [sub for sub in plain if matches(sub.topic_filter, topic)]
-        if plain:  # one plain filter: the trie matched this client, so it matched that one
-            return delivery.deliver(session, message, plain, None, source)
-        return None
+        subs = matching_subscriptions(session, message.topic)
+        return delivery.deliver(session, message, subs, None, source) if subs else None
 
 
-class _SharedType(DestinationType):
+class _SharedType(_MqttType):
     """``shared`` bindings: one per ``$share/<group>/<filter>``, each message to one member."""
 
     name = SHARED
-    durable = False
     one_member = True
-
-    def __init__(self, delivery: MqttDelivery) -> None:
-        self.delivery = delivery
-
-    def accept(self, binding: Binding, message: Message) -> asyncio.Future[Any] | None:
-        return self.accept_from(binding, message, None)
 
     def accept_from(
         self, binding: Binding, message: Message, source: Any

@@ -111,7 +111,7 @@ class MqttDelivery:
         # inbound links paused while a subscriber they feed cannot take more.
         self.link_paused: set[SessionConnection] = set()
         self.holding: dict[Link, set[SessionConnection]] = {}
-        self.links_blocked = False  # a forward just went into a blocked link (links_blocked())
+        self.links_blocked = False  # a forward just went into a blocked link (on_links_blocked)
         self._encode_cache_key: Any = None
         self._encode_cache: dict[Any, Any] = {}
         self._plans: dict[str, dict[str, RoutePlan]] = {}

@@ -8,7 +8,7 @@ from __future__ import annotations
 from flowmq_wire.mqtt.codec import encode
 from flowmq_wire.mqtt.packets import Publish, SubscriptionOptions, Unsuback, Unsubscribe
 
-from .conftest import RawClient
+from .conftest import RawClient, http, wait_until
 
 
 def _subscriber(port: int, level: int, client_id: str, topic: str, **kwargs) -> RawClient:
@@ -67,5 +67,37 @@ def test_the_route_plan_follows_subscription_changes(broker, uid):
     assert sub.expect(Unsuback).reason_codes == [0, 0]
     pub.publish(topic, b"gone")
     sub.expect_nothing()
+    pub.close()
+    sub.close()
+
+
+def test_a_stream_made_later_gets_the_next_plain_qos0_messages(broker, uid):
+    """A topic planned for subscribers only is planned again once a Stream binds it."""
+    port = broker.ports["mqtt"]
+    topic = f"later/{uid}"
+    sub = _subscriber(port, 4, f"sub-{uid}", topic)
+    pub = RawClient(port, 4)
+    pub.connect(f"pub-{uid}")
+    for payload in (b"before", b"before again"):
+        pub.publish(topic, payload)
+        assert sub.recv().payload == payload
+    stream = f"later-{uid}"
+    status, body = http(
+        broker.http,
+        "POST",
+        "/api/v1/streams",
+        broker.token,
+        {"name": stream, "topic_filters": [topic]},
+    )
+    assert status == 201, body
+    pub.publish(topic, b"after")
+    assert sub.recv().payload == b"after"
+
+    def stored() -> list[str]:
+        status, body = http(broker.http, "GET", f"/api/v1/streams/{stream}/messages", broker.token)
+        assert status == 200, body
+        return [r["value"] for r in body["data"]["records"]]
+
+    assert wait_until(stored) == ["after"]
     pub.close()
     sub.close()

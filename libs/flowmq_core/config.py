@@ -103,6 +103,13 @@ class BrokerConfig:
     amqp_channel_max: int = 2047
     amqp_max_message_bytes: int = 16 * 1024 * 1024
     amqp_max_unacked: int = 10_000
+    # Payload bytes of QoS 1/2 messages in flight to one connected subscriber (besides the
+    # client's receive maximum): past it the rest wait in its session queue, so a slow client
+    # with a large window cannot pin 65,535 large messages in the broker's memory.
+    mqtt_max_inflight_bytes: int = 16 * 1024 * 1024
+    # Packets a client may send while its CONNECT waits (login check, session takeover);
+    # reading stops meanwhile, so only one read's worth can arrive: more closes the client.
+    mqtt_max_held_packets: int = 1000
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.

@@ -87,6 +87,10 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "limit); past it new connections are closed at once",
         "max_connections_per_address": "open connections from one client IP address, all "
         "client listeners together (default 10000; 0: no limit)",
+        "mqtt_max_inflight_bytes": "payload bytes of QoS 1/2 messages in flight to one MQTT "
+        "subscriber (default 16 MiB); past it the rest wait in its session",
+        "mqtt_max_held_packets": "packets an MQTT client may send while its CONNECT waits "
+        f"(default {defaults.mqtt_max_held_packets}); more closes it",
         "http_access_log": "true or false: log every HTTP API request (aiohttp's access log, "
         "logger aiohttp.access; default false)",
         "mqtt_max_keep_alive": "longest MQTT keep alive allowed, seconds (default 65535); "

@@ -119,11 +119,10 @@ class ClusterRouting:
         self.links = Links(node_id, self._on_frame, host=bind, secret=secret)
         self.links.on_blocked = self._link_blocked
         # Flow control (the MQTT adapter sets these): a forward just went into a blocked
-        # link — slow the publisher down; no link is blocked any more — let it go.  And the
-        # link a forwarded message came in on, while it is being delivered.
+        # link — slow the publisher down; no link is blocked any more — let it go.  (A
+        # forwarded message is delivered with the link it came in on as its source.)
         self.on_links_blocked: Callable[[], None] | None = None
         self.on_links_free: Callable[[], None] | None = None
-        self.receiving: Link | None = None
         self._answering: Link | None = None  # the link of the request being handled
         # one-way frames [kind, …] and requests [kind, request id, …] answered by
         # ["reply", request id, value]; a request handler may return an awaitable
@@ -572,11 +571,8 @@ class ClusterRouting:
     def _deliver(
         self, link: Link | None, namespace: str, data: bytes, plain: bool, groups: list[str]
     ) -> list[Any]:
-        self.receiving = link
-        try:
-            return self.router.deliver_forwarded(namespace, decode_message(data), plain, groups)
-        finally:
-            self.receiving = None
+        message = decode_message(data)
+        return self.router.deliver_forwarded(namespace, message, plain, groups, source=link)
 
     @property
     def has_peers(self) -> bool:

@@ -53,6 +53,14 @@ class DestinationType(abc.ABC):
         """Take a routed message.  Returns None when done, or an awaitable that completes
         when the message is durable (publishers acknowledge only then)."""
 
+    def accept_from(
+        self, binding: Binding, message: Message, source: object
+    ) -> Awaitable[None] | None:
+        """``accept``, told where the message comes from (the publishing connection, the
+        peer link it was forwarded on, or None): a type with flow control slows that source
+        down when the destination cannot keep up; the others need not know."""
+        return self.accept(binding, message)
+
 
 class Forwarder(Protocol):
     """Cross-node forwarding of Subscription messages (``flowmq_broker.cluster``)."""
@@ -75,6 +83,9 @@ class Router:
         self._tries: dict[str, RouteTrie[Binding]] = {}
         self._types: dict[str, DestinationType] = {}
         self.version = 0
+        # Bumped on every bind and unbind: a cache of what a topic reaches is valid while
+        # this stays the same (flowmq_broker.mqtt.delivery's route plans).
+        self.generation = 0
         self._destinations: dict[Binding, Destination] = {}
         self.forwarder = forwarder
 
@@ -82,12 +93,14 @@ class Router:
         self._types[dest_type.name] = dest_type
 
     def bind(self, binding: Binding, topic_filter: str) -> bool:
+        self.generation += 1
         trie = self._tries.get(binding.namespace)
         if trie is None:
             trie = self._tries[binding.namespace] = RouteTrie()
         return trie.add(topic_filter, binding)
 
     def unbind(self, binding: Binding, topic_filter: str) -> bool:
+        self.generation += 1
         trie = self._tries.get(binding.namespace)
         return trie is not None and trie.remove(topic_filter, binding)
 
@@ -124,10 +137,16 @@ class Router:
         return self._destinations.get(binding)
 
     def dispatch(
-        self, namespace: str, message: Message, *, exclude: Binding | None = None
+        self,
+        namespace: str,
+        message: Message,
+        *,
+        exclude: Binding | None = None,
+        source: object = None,
     ) -> tuple[frozenset[Binding], list[Awaitable[None]]]:
         """Hand ``message`` to every matching destination but ``exclude`` (the Stream a
-        Kafka producer already appended it to); return the bindings and the awaitables that
+        Kafka producer already appended it to), telling them its ``source`` (see
+        ``DestinationType.accept_from``); return the bindings and the awaitables that
         complete when the durable ones have it."""
         bindings = self.match(namespace, message.topic)
         if exclude is not None and exclude in bindings:
@@ -146,14 +165,23 @@ class Router:
             if confirmed is not None:
                 pending.append(confirmed)
         for binding in bindings:
-            result = self._types[binding.type].accept(binding, message)
+            result = self._types[binding.type].accept_from(binding, message, source)
             if result is not None:
                 pending.append(result)
-        published, dispatched = _routing_metrics(namespace)
-        published.inc()
-        if bindings:
-            dispatched.inc(len(bindings))
+        self.count_published(namespace, 1, len(bindings))
         return bindings, pending
+
+    def count_published(self, namespace: str, messages: int, dispatched: int) -> None:
+        """Count ``messages`` routed in ``namespace`` and the ``dispatched`` deliveries to
+        bindings they made (a caller routing a run of messages itself counts them once)."""
+        published, dispatched_count = _routing_metrics(namespace)
+        published.inc(messages)
+        if dispatched:
+            dispatched_count.inc(dispatched)
+
+    def destination_type(self, binding: Binding) -> DestinationType | None:
+        """What serves ``binding`` here (None: a type this broker does not serve)."""
+        return self._types.get(binding.type)
 
     def is_durable(self, binding: Binding) -> bool:
         dest_type = self._types.get(binding.type)
@@ -164,18 +192,24 @@ class Router:
         return dest_type is not None and dest_type.one_member
 
     def deliver_forwarded(
-        self, namespace: str, message: Message, plain: bool, groups: list[str]
+        self,
+        namespace: str,
+        message: Message,
+        plain: bool,
+        groups: list[str],
+        source: object = None,
     ) -> list[Awaitable[None]]:
-        """Deliver a message another broker forwarded: only to memory destinations (it stored
-        the durable ones), all of them if ``plain``, and the shared ``groups`` it picked us for.
-        Returns what completes once stored (offline persistent sessions)."""
+        """Deliver a message another broker forwarded (on link ``source``): only to memory
+        destinations (it stored the durable ones), all of them if ``plain``, and the shared
+        ``groups`` it picked us for.  Returns what completes once stored (offline persistent
+        sessions)."""
         stored: list[Awaitable[None]] = []
         for binding in self.match(namespace, message.topic):
             dest_type = self._types.get(binding.type)
             if dest_type is None or dest_type.durable:
                 continue
             if plain if not dest_type.one_member else binding.name in groups:
-                result = dest_type.accept(binding, message)
+                result = dest_type.accept_from(binding, message, source)
                 if result is not None:
                     stored.append(result)
         return stored

@@ -56,6 +56,7 @@ from flowmq_wire.mqtt.packets import (
     Packet,
     Pingreq,
     Pingresp,
+    PlainPublish,
     Properties,
     Puback,
     Pubcomp,
@@ -159,16 +160,30 @@ class MqttDecoder:
     Packet Size does); ``0``/``None`` means the protocol maximum. An oversized packet raises
     :class:`PacketTooLarge` as soon as its fixed header is read, before its body is buffered.
 
+    ``plain_tuples=True`` (a broker's choice): a plain QoS 0 PUBLISH — no retain, no DUP, no
+    properties, a topic given — comes out as a ``PlainPublish`` tuple ``(topic, payload,
+    raw)``, ``raw`` being the whole packet as received, instead of a :class:`Publish`: the
+    commonest packet costs no object, and can be forwarded as it came.
+
     After any :class:`MqttCodecError` the stream position is lost: close the connection.
     """
 
-    __slots__ = ("server", "protocol_level", "connected", "_limit", "_tail", "_need")
+    __slots__ = (
+        "server",
+        "protocol_level",
+        "connected",
+        "plain_tuples",
+        "_limit",
+        "_tail",
+        "_need",
+    )
 
     def __init__(
         self,
         server: bool = True,
         protocol_level: int | None = None,
         max_packet_size: int | None = DEFAULT_MAX_PACKET_SIZE,
+        plain_tuples: bool = False,
     ) -> None:
         if protocol_level not in (None, 4, 5):
             raise ValueError(f"protocol_level must be 4 or 5, not {protocol_level!r}")
@@ -180,6 +195,7 @@ class MqttDecoder:
         CONNECT that fails later can still be answered in the right version."""
         self.connected = protocol_level is not None
         """True once a CONNECT has been decoded completely (always True client-side)."""
+        self.plain_tuples = plain_tuples
         self.max_packet_size = max_packet_size  # sets _limit
         self._tail = bytearray()
         self._need = 0
@@ -198,7 +214,7 @@ class MqttDecoder:
         """Bytes of an incomplete packet held for the next ``feed``."""
         return len(self._tail)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet]:
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet | PlainPublish]:
         """Decode every complete packet in the data seen so far, in order.
 
         Raises :class:`MqttCodecError`; its ``packets`` holds the packets decoded from this call
@@ -218,9 +234,10 @@ class MqttDecoder:
         n = len(buf)
         pos = 0
         need = 0
-        out: list[Packet] = []
+        out: list[Packet | PlainPublish] = []
         append = out.append
         limit = self._limit
+        plain = self.plain_tuples
         if not self.connected and n and buf[0] & 0xF0 != 0x10:
             # Rejected on its first byte: nothing before CONNECT is worth buffering.
             e = ProtocolViolation(f"first packet must be CONNECT, got {_type_name(buf[0] >> 4)}")
@@ -263,6 +280,14 @@ class MqttDecoder:
                     q = start + 2 + ((buf[start] << 8) | buf[start + 1])  # end of the topic
                     if q > end:
                         raise MalformedPacket("PUBLISH topic runs past the packet")
+                    # Plain (v5: property length 0, so q < end), as a tuple when asked for.
+                    if plain and q > start + 2 and (level == 4 or (q < end and buf[q] == 0)):
+                        topic = buf[start + 2 : q].decode()
+                        if "\x00" in topic:
+                            raise MalformedPacket("topic contains U+0000")
+                        append((topic, buf[q if level == 4 else q + 1 : end], buf[pos:end]))
+                        pos = end
+                        continue
                     p = q
                     qos, retain, dup, packet_id = 0, False, False, None
                 elif b0 & 0xF0 == 0x30:

@@ -174,6 +174,11 @@ class Publish(Packet):
     properties: Properties = _NO_PROPERTIES
 
 
+PlainPublish = tuple[str, bytes, bytes]
+"""A plain QoS 0 PUBLISH as ``MqttDecoder(plain_tuples=True)`` yields it: topic, payload, and
+the whole packet as received (no retain, no DUP, no properties)."""
+
+
 @_packet()
 class _PubResponse(Packet):
     packet_id: int
@@ -311,6 +316,7 @@ __all__ = [
     "Packet",
     "Pingreq",
     "Pingresp",
+    "PlainPublish",
     "Properties",
     "Puback",
     "Pubcomp",

@@ -2,29 +2,25 @@
 
 Every complete packet of a ``data_received`` call is handled in one loop; everything written
 during that loop iteration — acks, and deliveries made by other connections' publishes — is
-joined into one ``transport.write`` per connection by a single scheduled flush.
+joined into one ``transport.write`` per connection by a single flush when the read is done.
+A PUBLISH is checked here (topic, alias, ACL) and handed to ``flowmq_broker.mqtt.delivery``
+with this connection as its source; a plain QoS 0 one goes by its topic's cached route plan,
+forwarded as the bytes it came in.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import secrets
 from collections import deque
 from typing import Any
 
 import flowmq_metrics as metrics
+from flowmq_broker.mqtt.delivery import WRITE_HIGH_WATER, RoutePlan, message_from
 from flowmq_broker.mqtt.host import ConnectionHost
 from flowmq_broker.mqtt.metrics import mqtt_metrics
-from flowmq_broker.mqtt.session import (
-    NEVER_EXPIRES,
-    Outgoing,
-    Session,
-    Subscription,
-    delivery_extra,
-    session_enqueue,
-)
+from flowmq_broker.mqtt.session import NEVER_EXPIRES, Outgoing, Session, Subscription
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.acl import Access
 from flowmq_core.audit import audit_log
@@ -41,7 +37,7 @@ from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_meta.users import RATE_LIMITED
 from flowmq_queue import QueueFull
 from flowmq_wire.mqtt import reason_codes as rc
-from flowmq_wire.mqtt.codec import MqttDecoder, PreparedPublish, encode, encode_publish
+from flowmq_wire.mqtt.codec import MqttDecoder, encode
 from flowmq_wire.mqtt.errors import MqttCodecError, UnsupportedProtocolVersion
 from flowmq_wire.mqtt.packets import (
     Auth,
@@ -66,10 +62,11 @@ log = logging.getLogger(__name__)
 SERVER_RECEIVE_MAXIMUM = 1024
 SERVER_TOPIC_ALIAS_MAXIMUM = 64
 CONNECT_TIMEOUT_S = 30.0
-# Past this many bytes waiting in the socket buffer a QoS 0 delivery is dropped (and counted):
-# a subscriber that stops reading must not grow the broker's memory without bound.
-WRITE_HIGH_WATER = 4 * 1024 * 1024
-_PASSTHROUGH = ("payload_format_indicator", "response_topic", "correlation_data")
+# Topics one connection remembers as checked (_checked_topics) before starting over.
+MAX_CHECKED_TOPICS = 1000
+# Default bound on packets read while CONNECT waits (config ``mqtt_max_held_packets``): reading
+# stops during the wait, so this bounds what the reads already made can hold.
+DEFAULT_MAX_HELD_PACKETS = 1000
 
 
 def _over_limit(topic: str) -> bool:
@@ -84,8 +81,12 @@ def _over_limit(topic: str) -> bool:
 class MqttConnection(asyncio.Protocol):
     def __init__(self, server: ConnectionHost) -> None:
         self.server = server
+        self.delivery = server.delivery
         self.namespace = DEFAULT_NAMESPACE
-        self.decoder = MqttDecoder(server=True, max_packet_size=server.max_packet_size)
+        # Plain QoS 0 PUBLISH packets come as (topic, payload, raw) tuples: see _handle_all.
+        self.decoder = MqttDecoder(
+            server=True, max_packet_size=server.max_packet_size, plain_tuples=True
+        )
         self.transport: asyncio.Transport | None = None
         self.level = 4
         self.session: Session | None = None
@@ -105,10 +106,12 @@ class MqttConnection(asyncio.Protocol):
         self.last_rx = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._out: list[bytes] = []
-        self._out_bytes = 0
+        self.out_bytes = 0
         self._dirty = False
-        self._writing_paused = False
-        self._in_count = self._in_bytes = self._out_count = self._out_payload = 0
+        self.writing_paused = False
+        self._in_count = self._in_bytes = self.out_count = self.out_payload = 0
+        self._checked: dict[str, RoutePlan] = {}  # see _checked_topics
+        self._checked_generations = (-1, -1)
         self.m = mqtt_metrics(self.namespace)
         self.client_receive_maximum = 65535
         self.client_max_packet: int | None = None
@@ -137,12 +140,9 @@ class MqttConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_rx = self._loop.time()
-        server = self.server
-        server.current_publisher = self
         try:
             self._process(data)
         finally:
-            server.current_publisher = None
             if self._in_count:
                 self.m.messages_in.inc(self._in_count)
                 self.m.bytes_in.inc(self._in_bytes)
@@ -150,7 +150,7 @@ class MqttConnection(asyncio.Protocol):
             # Everything this read produced — acks and every subscriber's deliveries — goes
             # out now, one write per connection (uvloop reads a socket many times per wake-up
             # before running callbacks: waiting for call_soon would send megabyte bursts).
-            server.flush_dirty()
+            self.delivery.flush_dirty()
 
     def _process(self, data: bytes) -> None:
         try:
@@ -163,46 +163,110 @@ class MqttConnection(asyncio.Protocol):
         self._handle_all(packets)
 
     def _handle_all(self, packets: list[Any]) -> None:
-        for packet in packets:
-            if self.closing:
-                return
-            if self._held is not None:  # CONNECT is waiting (another node, the store)
-                self._held.append(packet)
-                continue
-            self._handle(packet)
+        on_publish = self._on_publish
+        fast = self._checked_topics()
+        forward = self.delivery.forward_qos0
+        client_id = self.client_id
+        count = size = routed_to = 0
+        try:
+            for packet in packets:
+                if self.closing:
+                    return
+                if self._held is not None:  # CONNECT is waiting (another node, the store)
+                    self._hold(packet)
+                    continue
+                cls = packet.__class__
+                if cls is tuple:  # a plain QoS 0 PUBLISH: (topic, payload, raw)
+                    # Most of the traffic: on a topic already checked it goes by its route
+                    # plan, as the bytes it came in (see _on_publish).
+                    plan = fast.get(packet[0]) if fast is not None else None
+                    if plan is None:
+                        on_publish(Publish(packet[0], packet[1]), packet[2])
+                        continue
+                    count += 1
+                    size += len(packet[1])
+                    routed_to += len(plan.bindings)
+                    if plan.plain:
+                        forward(self, plan, packet[0], packet[1], packet[2], client_id)
+                elif cls is Publish:
+                    on_publish(packet)
+                else:
+                    self._handle(packet)
+                    fast = self._checked_topics()  # a SUBSCRIBE, a CONNECT may change it
+                    client_id = self.client_id
+        finally:
+            if count:
+                self._in_count += count
+                self._in_bytes += size
+                self.delivery.count(self.namespace, count, routed_to)
+
+    def _checked_topics(self) -> dict[str, RoutePlan] | None:
+        """The topics this client published plain QoS 0 messages on that passed every check
+        (topic rules, ACL) and reach only local subscribers, with their route plans; valid
+        while neither the routes nor the client's ACLs change.  None: no such shortcut now
+        (not connected; other nodes with routes, whose forwards go through the router)."""
+        access = self.access
+        if self.session is None or access is None:
+            return None
+        router = self.delivery.router
+        forwarder = router.forwarder
+        if forwarder is not None and forwarder.remote:
+            return None
+        if self._checked_generations != (router.generation, access.generation):
+            self._checked_generations = (router.generation, access.generation)
+            self._checked = {}
+        return self._checked
+
+    def _hold(self, packet: Any) -> None:
+        """Keep ``packet`` until CONNECT is done; past ``max_held_packets`` the client is
+        closed (counted as a limit refusal): it cannot have been told of any limit yet."""
+        held = self._held
+        assert held is not None
+        if len(held) >= self.server.max_held_packets:
+            metrics.limits_rejections_count.labels("mqtt_max_held_packets").inc()
+            log.info(
+                "mqtt %s: over %d packets sent while CONNECT waits; closing",
+                self._peer(),
+                self.server.max_held_packets,
+            )
+            self._held = None
+            self.close()
+            return
+        held.append(packet)
 
     def write(self, data: bytes) -> None:
         self._out.append(data)
-        self._out_bytes += len(data)
+        self.out_bytes += len(data)
         if not self._dirty:
             self._dirty = True
-            self.server.mark_dirty(self)
+            self.delivery.mark_dirty(self)
 
     def flush(self) -> None:
         self._dirty = False
-        if self._out_count:
-            self.m.messages_out.inc(self._out_count)
-            self.m.bytes_out.inc(self._out_payload)
-            self._out_count = self._out_payload = 0
+        if self.out_count:
+            self.m.messages_out.inc(self.out_count)
+            self.m.bytes_out.inc(self.out_payload)
+            self.out_count = self.out_payload = 0
         if self._out and self.transport is not None and not self.transport.is_closing():
             self.transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
         self._out.clear()
-        self._out_bytes = 0
-        if self.server.holding and not self._writing_paused:  # drained as it was written
-            self.server.release_links(self)
+        self.out_bytes = 0
+        delivery = self.delivery
+        if delivery.holding and not self.writing_paused:  # drained as it was written
+            delivery.release_links(self)
 
     def pause_writing(self) -> None:
-        self._writing_paused = True
+        self.writing_paused = True
 
     def resume_writing(self) -> None:
-        self._writing_paused = False
-        if self.server.holding:
-            self.server.release_links(self)
+        self.writing_paused = False
+        if self.delivery.holding:
+            self.delivery.release_links(self)
 
     def backlog(self) -> int:
         """Bytes written but not yet taken by the client."""
         transport = self.transport
-        return self._out_bytes + (transport.get_write_buffer_size() if transport else 0)
+        return self.out_bytes + (transport.get_write_buffer_size() if transport else 0)
 
     def send(self, packet: Any) -> None:
         self.write(encode(packet, self.level))
@@ -257,11 +321,11 @@ class MqttConnection(asyncio.Protocol):
         self.closing = True
         self.transport = None
         self._out.clear()
-        self._out_bytes = 0
+        self.out_bytes = 0
         if self._timer is not None:
             self._timer.cancel()
         self.server.connections.discard(self)
-        self.server.release_links(self)
+        self.delivery.release_links(self)
         session = self._detach()
         if session is None:
             return
@@ -279,10 +343,8 @@ class MqttConnection(asyncio.Protocol):
             return None
         self.m.connections.dec()
         session.connection = None
-        self.server.paused.discard(self)
-        self.server.link_paused.discard(self)
-        self.server.release_links(self)
-        self.server.relieve(session)
+        self.delivery.forget(self)
+        self.delivery.relieve(session)
         if self.will is not None:
             self._schedule_will(session)
         return session
@@ -301,7 +363,7 @@ class MqttConnection(asyncio.Protocol):
 
         def publish_will() -> None:
             session.will_handle = session.pending_will = None
-            message = self._message_from(
+            message = message_from(
                 will.topic, will.payload, will.qos, will.retain, will.properties, client_id
             )
             self.server_publish(namespace, message)
@@ -322,7 +384,7 @@ class MqttConnection(asyncio.Protocol):
             else:
                 self._loop.create_task(self._log_failure(retained))
         try:
-            _, pending = self.server.router.dispatch(namespace, message)
+            _, pending = self.delivery.dispatch(namespace, message, None)
         except DestinationUnavailable as exc:
             log.warning("will message not delivered: %s", exc)
             return
@@ -346,7 +408,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _check_keep_alive(self) -> None:
         limit = self.keep_alive * 1.5
-        if self.server.is_paused(self):  # we stopped reading it: its silence is ours
+        if self.delivery.is_paused(self):  # we stopped reading it: its silence is ours
             self.last_rx = self._loop.time()
         idle = self._loop.time() - self.last_rx
         if idle >= limit:
@@ -359,6 +421,9 @@ class MqttConnection(asyncio.Protocol):
 
     # --- packets ------------------------------------------------------------------------
     def _handle(self, packet: Any) -> None:
+        if packet.__class__ is tuple:  # a plain QoS 0 PUBLISH (held while CONNECT waited)
+            self._on_publish(Publish(packet[0], packet[1]), packet[2])
+            return
         handler = _HANDLERS.get(packet.__class__)
         if handler is None:
             self.disconnect(rc.PROTOCOL_ERROR, f"unexpected {packet.__class__.__name__}")
@@ -414,13 +479,13 @@ class MqttConnection(asyncio.Protocol):
             else:  # unknown_user or bad_password: the client is told the same
                 self._refuse_connect(rc.BAD_USER_NAME_OR_PASSWORD, result.reason, p)
             return
-        if self.transport is not None and not self.server.is_paused(self):
+        if self.transport is not None and not self.delivery.is_paused(self):
             self.transport.resume_reading()
         if result.namespace is not None:
             self._enter_namespace(result.namespace)
         self._on_connect_accepted(p)
         self._replay(held)
-        self.server.flush_dirty()
+        self.delivery.flush_dirty()
 
     def _enter_namespace(self, namespace: str) -> None:
         """The user's tenant (DESIGN.md §12) becomes the connection's namespace."""
@@ -444,18 +509,13 @@ class MqttConnection(asyncio.Protocol):
     def _replay(self, held: list[Any]) -> None:
         """Handle packets held while CONNECT waited, in order; if another wait begins
         meanwhile (a session takeover after authentication), the rest wait behind it."""
-        server = self.server
-        server.current_publisher = self
-        try:
-            for index, packet in enumerate(held):
-                if self.closing:
-                    return
-                if self._held is not None:
-                    self._held.extend(held[index:])
-                    return
-                self._handle(packet)
-        finally:
-            server.current_publisher = None
+        for index, packet in enumerate(held):
+            if self.closing:
+                return
+            if self._held is not None:
+                self._held.extend(held[index:])
+                return
+            self._handle(packet)
 
     def _on_connect_accepted(self, p: Connect) -> None:
         """CONNECT, second step: the client may connect; check the rest, take the session."""
@@ -530,6 +590,8 @@ class MqttConnection(asyncio.Protocol):
         stored = not p.clean_start and existing is not None and existing.stored
         if fetch or (stored and server.offline is not None):
             self._held = []  # packets the client sends meanwhile wait their turn
+            if self.transport is not None:  # …and it sends no more until then
+                self.transport.pause_reading()
             self._loop.create_task(self._connect_later(p, expiry, assigned, fetch))
             return
         self._attach_session(p, expiry, assigned)
@@ -572,9 +634,11 @@ class MqttConnection(asyncio.Protocol):
         held, self._held = self._held or [], None
         if self.closing:
             return
+        if self.transport is not None and not self.delivery.is_paused(self):
+            self.transport.resume_reading()
         self._attach_session(p, expiry, assigned)
         self._replay(held)
-        self.server.flush_dirty()
+        self.delivery.flush_dirty()
 
     def _attach_session(self, p: Connect, expiry: int, assigned: str | None) -> None:
         """CONNECT, second half: the session is here (or nowhere): take it, send CONNACK."""
@@ -642,30 +706,8 @@ class MqttConnection(asyncio.Protocol):
         self._send_queued()
 
     # --- inbound PUBLISH ----------------------------------------------------------------
-    def _message_from(
-        self, topic: str, payload: bytes, qos: int, retain: bool, props: Any, origin: str
-    ) -> Message:
-        now = now_ms()
-        extra: dict[str, Any] = {"origin": origin}
-        headers: list[tuple[str, bytes]] = []
-        content_type = expiry_ms = None
-        if props:
-            for name in _PASSTHROUGH:
-                if name in props:
-                    extra[name] = props[name]
-            user = props.get("user_property")
-            if user:
-                headers = [(k, v.encode()) for k, v in user]
-            content_type = props.get("content_type")
-            interval = props.get("message_expiry_interval")
-            if interval is not None:
-                expiry_ms = now + interval * 1000
-        # Positional: keyword construction of a slotted dataclass is measurably slower here.
-        return Message(
-            topic, payload, qos, retain, headers, now, None, content_type, expiry_ms, "mqtt", extra
-        )
-
-    def _on_publish(self, p: Publish) -> None:
+    def _on_publish(self, p: Publish, raw: bytes | None = None) -> None:
+        """A PUBLISH; ``raw``: the packet as received, if it is a plain QoS 0 one."""
         session = self.session
         if session is None:
             self.disconnect(rc.PROTOCOL_ERROR, "PUBLISH before CONNECT")
@@ -704,7 +746,7 @@ class MqttConnection(asyncio.Protocol):
             self.disconnect(rc.RECEIVE_MAXIMUM_EXCEEDED, "too many unacknowledged QoS 1/2 PUBLISH")
             return
         namespace = self.namespace
-        self._in_count += 1  # added to the metrics once per read, in flush_counts
+        self._in_count += 1  # added to the metrics once per read, in data_received
         self._in_bytes += len(p.payload)
         allowed = self.acl_publish.get(topic)
         if allowed is None:
@@ -718,7 +760,26 @@ class MqttConnection(asyncio.Protocol):
                 ack = Puback if qos == 1 else Pubrec
                 self.send(ack(packet_id, rc.NOT_AUTHORIZED if self.level == 5 else rc.SUCCESS))
             return
-        message = self._message_from(topic, p.payload, qos, p.retain, props, self.client_id)
+        checked = self._checked_topics() if raw is not None else None
+        if checked is not None:
+            # Plain QoS 0: by the topic's route plan, as the bytes it came in, if only local
+            # subscribers want it (no Stream, Queue, shared group or other node); the topic
+            # is then remembered as checked (_handle_all takes the next ones straight).
+            delivery = self.delivery
+            try:
+                plan = delivery.plan(delivery.plans(namespace), namespace, topic)
+            except DestinationUnavailable:
+                self.m.dropped.inc()
+                return
+            if not plan.others:
+                if len(checked) >= MAX_CHECKED_TOPICS:
+                    checked.clear()
+                checked[topic] = plan
+                if plan.plain:
+                    delivery.forward_qos0(self, plan, topic, p.payload, raw, self.client_id)
+                delivery.count(namespace, 1, len(plan.bindings))
+                return
+        message = message_from(topic, p.payload, qos, p.retain, props, self.client_id)
         pending: list[Any] = []
         if p.retain:
             try:
@@ -735,7 +796,7 @@ class MqttConnection(asyncio.Protocol):
                 else:
                     self._loop.create_task(self._log_failure(retained))
         try:
-            bindings, durable = self.server.router.dispatch(namespace, message)
+            bindings, durable = self.delivery.dispatch(namespace, message, self)
         except DestinationUnavailable as exc:
             if qos:
                 self._refuse(packet_id, qos, str(exc))
@@ -768,6 +829,9 @@ class MqttConnection(asyncio.Protocol):
         """Acknowledge in the order the PUBLISH packets came (MQTT-4.6.0-2), each only once
         everything it waited for (durable destinations, retained store) is done."""
         if not pending and not self._acks:
+            if ack is Puback and not reason:  # the common case, without an encoder call
+                self.write(bytes((0x40, 2, packet_id >> 8, packet_id & 0xFF)))
+                return
             self.send(
                 ack(packet_id, reason, {"reason_string": why} if why and self.level == 5 else {})
             )
@@ -809,140 +873,11 @@ class MqttConnection(asyncio.Protocol):
             self.send(Pubcomp(p.packet_id, rc.PACKET_ID_NOT_FOUND if self.level == 5 else 0))
 
     # --- outbound PUBLISH -----------------------------------------------------------------
-    def send_message(
-        self,
-        message: Message,
-        qos: int,
-        retain: bool,
-        identifiers: list[int],
-        shared: str | None = None,
-    ) -> None:
-        session = self.session
-        assert session is not None
-        if message.expiry_ms is not None and message.expiry_ms <= now_ms():
-            self.m.dropped.inc()
-            return
-        if qos == 0:
-            if self.transport is None:
-                self.m.dropped.inc()
-                return
-            if (
-                self._writing_paused or self._out_bytes > WRITE_HIGH_WATER
-            ) and self.backlog() > WRITE_HIGH_WATER:
-                link = self.server.forwarding_link()
-                if link is None:  # a local publisher: QoS 0 to a slow subscriber is dropped
-                    self.m.dropped.inc()
-                    return
-                # From another broker: slow it down instead (it pauses its publishers).
-                self.server.hold_link(link, self)
-            self._deliver(message, 0, retain, identifiers, None)
-            return
-        if len(session.inflight) >= self.client_receive_maximum:
-            session_enqueue(session, message, qos, retain, identifiers, shared)
-            self.server.check_congestion(session)
-            return
-        packet_id = session.allocate_packet_id()
-        session.inflight[packet_id] = Outgoing(
-            message, qos, retain, delivery_extra(identifiers, shared)
-        )
-        self._deliver(message, qos, retain, identifiers, packet_id)
-
-    def _deliver(
-        self,
-        message: Message,
-        qos: int,
-        retain: bool,
-        identifiers: list[int],
-        packet_id: int | None,
-    ) -> None:
-        level = self.level
-        if level == 5 and (identifiers or self.client_alias_maximum):
-            self._write_publish(
-                message, qos, retain, {"subscription_identifier": identifiers}, packet_id
-            )
-            return
-        cache = self.server.encodings(message)
-        if qos == 0:
-            # QoS 0 bytes are the same for every subscriber: encode straight away (most
-            # messages reach one subscriber) and let the others reuse the bytes.
-            data = cache.get((level, retain))
-            if data is None:
-                data = cache[(level, retain)] = encode_publish(
-                    message.topic, message.payload, 0, retain, False, None,
-                    self._properties(message), level,
-                )  # fmt: skip
-        else:
-            prepared = cache.get(level)
-            if prepared is None:
-                prepared = cache[level] = PreparedPublish(
-                    message.topic, message.payload, self._properties(message), level
-                )
-            data = prepared.encode(qos, retain, False, packet_id)
-        self._emit(data, message, packet_id)
-
-    def _write_publish(
-        self,
-        message: Message,
-        qos: int,
-        retain: bool,
-        extra: dict[str, Any],
-        packet_id: int | None,
-        dup: bool = False,
-    ) -> None:
-        topic = message.topic
-        props = self._properties(message) if self.level == 5 else {}
-        new_alias = None
-        if self.level == 5:
-            if extra.get("subscription_identifier"):
-                props["subscription_identifier"] = extra["subscription_identifier"]
-            if self.client_alias_maximum:
-                alias = self.out_aliases.get(topic)
-                if alias is not None:
-                    props["topic_alias"] = alias
-                    topic = ""
-                elif len(self.out_aliases) < self.client_alias_maximum:
-                    new_alias = self.out_aliases[topic] = len(self.out_aliases) + 1
-                    props["topic_alias"] = new_alias
-        data = encode_publish(
-            topic, message.payload, qos, retain, dup, packet_id, props, self.level
-        )
-        if not self._emit(data, message, packet_id) and new_alias is not None:
-            del self.out_aliases[message.topic]  # the client never learnt it
-
-    def _emit(self, data: bytes, message: Message, packet_id: int | None) -> bool:
-        if self.client_max_packet is not None and len(data) > self.client_max_packet:
-            # MQTT 5 §3.1.2.11.4: discard as if delivered — so it holds no in-flight slot.
-            self.m.dropped.inc()
-            if packet_id is not None and self.session is not None:
-                self.session.inflight.pop(packet_id, None)
-            return False
-        self.write(data)
-        self._out_count += 1  # added to the metrics once per flush
-        self._out_payload += len(message.payload)
-        return True
-
-    def _properties(self, message: Message) -> dict[str, Any]:
-        if self.level != 5:
-            return {}
-        props: dict[str, Any] = {}
-        extra = message.properties
-        for name in _PASSTHROUGH:
-            if name in extra:
-                props[name] = extra[name]
-        if message.content_type is not None:
-            props["content_type"] = message.content_type
-        if message.headers:
-            props["user_property"] = [(k, v.decode("utf-8", "replace")) for k, v in message.headers]
-        if message.expiry_ms is not None:
-            props["message_expiry_interval"] = max(
-                0, math.ceil((message.expiry_ms - now_ms()) / 1000)
-            )
-        return props
-
     def _send_queued(self) -> None:
         session = self.session
         assert session is not None
-        self.server.relieve(session)
+        delivery = self.delivery
+        delivery.relieve(session)
         window = self.client_receive_maximum
         unsent = session.unsent
         while unsent and len(session.inflight) - len(unsent) < window:
@@ -953,21 +888,27 @@ class MqttConnection(asyncio.Protocol):
             if out.released:
                 self.send(Pubrel(packet_id))
             else:
-                self._write_publish(
-                    out.message, out.qos, out.retain, out.properties, packet_id, dup=True
+                delivery.write_publish(
+                    self, out.message, out.qos, out.retain, out.properties, packet_id, dup=True
                 )
-        while session.queue and len(session.inflight) < window:
+        max_bytes = delivery.max_inflight_bytes
+        while (
+            session.queue
+            and len(session.inflight) < window
+            # Past the byte bound one message still goes when nothing else is in flight.
+            and (session.inflight_bytes < max_bytes or not session.inflight)
+        ):
             message, qos, retain, extra = session.queue.popleft()
             if message.expiry_ms is not None and message.expiry_ms <= now_ms():
                 self.m.dropped.inc()
                 continue
             packet_id = session.allocate_packet_id()
-            session.inflight[packet_id] = Outgoing(message, qos, retain, extra)
-            self._write_publish(message, qos, retain, extra, packet_id)
+            session.add_inflight(packet_id, Outgoing(message, qos, retain, extra))
+            delivery.write_publish(self, message, qos, retain, extra, packet_id)
 
     def _on_puback(self, p: Puback) -> None:
         session = self.session
-        if session is not None and session.inflight.pop(p.packet_id, None) is not None:
+        if session is not None and session.remove_inflight(p.packet_id) is not None:
             self._send_queued()
 
     def _on_pubrec(self, p: Pubrec) -> None:
@@ -977,7 +918,7 @@ class MqttConnection(asyncio.Protocol):
             self.send(Pubrel(p.packet_id, rc.PACKET_ID_NOT_FOUND if self.level == 5 else 0))
             return
         if p.reason_code >= 0x80:  # the receiver refused it: the flow ends here
-            del session.inflight[p.packet_id]
+            session.remove_inflight(p.packet_id)
             self._send_queued()
             return
         out.released = True
@@ -1058,7 +999,7 @@ class MqttConnection(asyncio.Protocol):
                 return
             self._finish_subscribe(p.packet_id, codes, retained_to_send)
             self.flush()
-            if not server.is_paused(self):
+            if not self.delivery.is_paused(self):
                 self.transport.resume_reading()
 
         routed.add_done_callback(routes_out)
@@ -1083,7 +1024,7 @@ class MqttConnection(asyncio.Protocol):
         for message, sub in retained_to_send:
             qos = min(message.qos, sub.options.qos)
             ids = [sub.identifier] if sub.identifier else []
-            self.send_message(message, qos, True, ids)
+            self.delivery.send(self, message, qos, True, ids)
 
     def _on_unsubscribe(self, p: Unsubscribe) -> None:
         session = self.session

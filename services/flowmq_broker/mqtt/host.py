@@ -1,7 +1,8 @@
 """What one MQTT connection needs from the broker-wide MQTT state, as a typed interface.
 
 The adapter's modules depend one way: the wire codec (``flowmq_wire.mqtt``), then the state
-(``metrics``, ``session``, ``offline``, ``retained``), then this interface, then the connection
+(``metrics``, ``session``, ``offline``, ``retained``), then delivery and flow control
+(``delivery``), then this interface, then the connection
 (``connection``), then the server (``server``), which owns the state, implements
 :class:`ConnectionHost` and is the only module that creates connections.  A lower module never
 imports a higher one: a connection reaches the server only through this interface.
@@ -9,24 +10,23 @@ imports a higher one: a connection reaches the server only through this interfac
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.connection_limits import ConnectionLimits
+from flowmq_broker.mqtt.delivery import MqttDelivery
 from flowmq_broker.mqtt.offline import OfflineStore
 from flowmq_broker.mqtt.retained import RetainedStore
 from flowmq_broker.mqtt.session import Session, SessionConnection, Subscription
 from flowmq_broker.routing import Router
 from flowmq_broker.tls import ServerTls
-from flowmq_cluster.link import Link
 from flowmq_core.acl import Authorizer
-from flowmq_core.message import Message
 from flowmq_meta.users import UserDirectory
 
 
 class ConnectionHost(Protocol):
     """The server side of a connection (``MqttServer``): settings, shared collaborators, the
-    session registry, and the output batching and flow control shared by all connections."""
+    session registry, and the delivery (output batching, flow control) of all connections."""
 
     # --- settings and collaborators
     max_packet_size: int
@@ -68,30 +68,10 @@ class ConnectionHost(Protocol):
 
     def expire(self, session: Session) -> None: ...
 
-    # --- output and flow control
+    # --- output, delivery and flow control (shared by all connections)
     connections: set[SessionConnection]
-    current_publisher: SessionConnection | None  # the connection being read
-    paused: set[SessionConnection]
-    link_paused: set[SessionConnection]
-    holding: dict[Link, set[SessionConnection]]  # links paused for the subscribers named
-
-    def mark_dirty(self, connection: SessionConnection) -> None: ...
-
-    def flush_dirty(self) -> None: ...
-
-    def check_congestion(self, session: Session) -> None: ...
-
-    def relieve(self, session: Session) -> None: ...
-
-    def is_paused(self, publisher: SessionConnection) -> bool: ...
-
-    def forwarding_link(self) -> Link | None: ...
-
-    def hold_link(self, link: Link, subscriber: SessionConnection) -> None: ...
-
-    def release_links(self, subscriber: SessionConnection) -> None: ...
-
-    def encodings(self, message: Message) -> dict[Any, Any]: ...
+    delivery: MqttDelivery
+    max_held_packets: int  # packets a client may send while its CONNECT waits
 
 
 __all__ = ["ConnectionHost"]

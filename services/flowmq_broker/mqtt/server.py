@@ -1,14 +1,14 @@
 """The MQTT listener and the broker-wide MQTT state: sessions, shared groups, retained store.
 
-It registers two destination types with the router: ``subscription`` (one binding per client,
+Subscriptions are routed as two destination types: ``subscription`` (one binding per client,
 bound to each of its filters) and ``shared`` (one binding per ``$share/<group>/<filter>``,
-delivering each message to one member).
+delivering each message to one member); delivering to them, output batching and flow control
+are ``flowmq_broker.mqtt.delivery``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import sys
@@ -18,8 +18,13 @@ import flowmq_metrics as metrics
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.listeners import listen
-from flowmq_broker.mqtt.connection import MqttConnection
-from flowmq_broker.mqtt.metrics import mqtt_metrics
+from flowmq_broker.mqtt.connection import DEFAULT_MAX_HELD_PACKETS, MqttConnection
+from flowmq_broker.mqtt.delivery import (
+    DEFAULT_MAX_INFLIGHT_BYTES,
+    SHARED,
+    SUBSCRIPTION,
+    MqttDelivery,
+)
 from flowmq_broker.mqtt.offline import OfflineStore
 from flowmq_broker.mqtt.retained import RetainedStore
 from flowmq_broker.mqtt.session import (
@@ -27,18 +32,15 @@ from flowmq_broker.mqtt.session import (
     Session,
     SessionConnection,
     Subscription,
-    session_enqueue,
 )
 from flowmq_broker.mqtt.websocket import MqttWebSocketListener
 from flowmq_broker.nodes import read_node_table
-from flowmq_broker.routing import Binding, DestinationType, Router
+from flowmq_broker.routing import Binding, Router
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.tls import ServerTls
-from flowmq_cluster.link import Link
 from flowmq_core.acl import Authorizer
 from flowmq_core.message import Message
 from flowmq_core.message_codec import decode_message, encode_message
-from flowmq_core.topics import matches
 from flowmq_meta import keys
 from flowmq_meta.api import MetaStore
 from flowmq_meta.users import UserDirectory
@@ -49,12 +51,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MqttServer"]
 
-SUBSCRIPTION = "subscription"
-SHARED = "shared"
-# A session with more QoS 1/2 messages waiting than this pauses reading from publishers until
-# it is below RESUME_BELOW: bounded memory without dropping acknowledged messages.
-PAUSE_ABOVE = 1000
-RESUME_BELOW = 500
 # How long a reconnecting client waits for other nodes to hand over its session.
 TAKEOVER_TIMEOUT_S = 1.0
 
@@ -81,6 +77,8 @@ class MqttServer:
         cluster: ClusterRouting | None = None,
         authorizer: Authorizer | None = None,
         connection_limits: ConnectionLimits | None = None,
+        max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
+        max_held_packets: int = DEFAULT_MAX_HELD_PACKETS,
     ) -> None:
         self.router = router
         # Sessions, routes and retained messages on other nodes (None: a broker alone).
@@ -97,12 +95,13 @@ class MqttServer:
         # The longest session expiry granted, seconds (NEVER_EXPIRES: no cap): v5 requests
         # above it are lowered, and 3.1.1 persistent sessions (which ask for "never") get it.
         self.max_session_expiry = max_session_expiry
+        # Packets a client may send while its CONNECT waits (login check, session takeover).
+        self.max_held_packets = max_held_packets
         self.retained = RetainedStore(meta, objects, max_retained_messages, max_retained_bytes)
         # Durable store for offline persistent sessions (else their queue is in memory).
         self.offline = offline
         self.sessions: dict[tuple[str, str], Session] = {}
         self.shared_groups: dict[tuple[str, str], list[str]] = {}
-        self._shared_turn = itertools.count()
         # The broker's ACLs (alone: everything allowed); a change drops the subscriptions
         # they no longer allow.
         self.authorizer = authorizer if authorizer is not None else Authorizer()
@@ -116,20 +115,15 @@ class MqttServer:
         self.tls: ServerTls | None = None
         # MQTT over WebSocket (start_websocket): ``GET /mqtt`` on its own HTTP sites.
         self._websocket: MqttWebSocketListener | None = None
-        self.dirty: list[SessionConnection] = []
-        self._flush_scheduled = False
-        self.current_publisher: SessionConnection | None = None
-        self.congested: set[Session] = set()
-        self.paused: set[SessionConnection] = set()
-        # Cross-node flow control: publishers paused while a link to a peer is blocked, and
-        # inbound links paused while a subscriber they feed cannot take more.
-        self.link_paused: set[SessionConnection] = set()
-        self.holding: dict[Link, set[SessionConnection]] = {}
-        self._encode_cache_key: Any = None
-        self._encode_cache: dict[Any, bytes] = {}
-        router.register_type(_SubscriptionType(self))
-        self._shared = _SharedType(self)
-        router.register_type(self._shared)
+        # Routing to subscribers, output batching and flow control (registers the
+        # ``subscription`` and ``shared`` destination types with the router).
+        self.delivery = MqttDelivery(
+            router,
+            self.sessions,
+            self.shared_groups,
+            offline=offline,
+            max_inflight_bytes=max_inflight_bytes,
+        )
 
     @classmethod
     def for_broker(cls, services: BrokerServices) -> MqttServer:
@@ -152,6 +146,8 @@ class MqttServer:
             cluster=services.cluster,
             authorizer=services.authorizer,
             connection_limits=services.connection_limits,
+            max_inflight_bytes=services.config.mqtt_max_inflight_bytes,
+            max_held_packets=services.config.mqtt_max_held_packets,
         )
 
     # --- life cycle ---------------------------------------------------------------------
@@ -164,8 +160,8 @@ class MqttServer:
             cluster.handlers["mqtt.retain"] = self._on_retained
             self.retained.on_change = self._retained_changed
             cluster.on_node_dead.append(self.restore_sessions)
-            cluster.on_links_blocked = self._links_blocked
-            cluster.on_links_free = self._links_free
+            cluster.on_links_blocked = self.delivery.on_links_blocked
+            cluster.on_links_free = self.delivery.on_links_free
         self._server, bound = await listen(
             lambda: MqttConnection(self), port, self.host, reuse_port=self.reuse_port
         )
@@ -295,13 +291,13 @@ class MqttServer:
         node took it over: the record is that node's now); ``redistribute``: its unsettled
         shared-group messages go to other members (not when its state moved elsewhere)."""
         session.connection = None
-        self.relieve(session)
+        self.delivery.relieve(session)
         for sub in list(session.subscriptions.values()):
             self.unbind(session, sub)
         session.subscriptions.clear()
         session.subscriptions_changed()
         if redistribute:
-            self.redistribute(session)
+            self.delivery.redistribute(session, self.cluster)
         if self.sessions.get((session.namespace, session.client_id)) is session:
             del self.sessions[(session.namespace, session.client_id)]
         if session.expiry_handle is not None:
@@ -451,139 +447,6 @@ class MqttServer:
         except Exception:
             log.exception("could not remove session %s from the meta store", session.client_id)
 
-    # --- output and flow control -----------------------------------------------------------
-    def mark_dirty(self, connection: SessionConnection) -> None:
-        self.dirty.append(connection)
-        if not self._flush_scheduled:  # writes made outside a read (timers, HTTP publish)
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush_dirty)
-
-    def flush_dirty(self) -> None:
-        self._flush_scheduled = False
-        dirty, self.dirty = self.dirty, []
-        for connection in dirty:
-            connection.flush()
-
-    def check_congestion(self, session: Session) -> None:
-        """Pause the publisher whose message just queued up behind a slow subscriber (an
-        online one: an offline session's queue is bounded instead, never holding others up)."""
-        if len(session.queue) <= PAUSE_ABOVE or not session.online:
-            return
-        self.congested.add(session)
-        publisher = self.current_publisher
-        if publisher is not None and publisher not in self.paused and publisher.transport:
-            publisher.transport.pause_reading()
-            self.paused.add(publisher)
-
-    def relieve(self, session: Session) -> None:
-        """Called when a session's queue shrank or it went away (offline, discarded)."""
-        if session in self.congested and (len(session.queue) < RESUME_BELOW or not session.online):
-            self.congested.discard(session)
-        if not self.congested and self.paused:
-            paused, self.paused = self.paused, set()
-            for publisher in paused:
-                if publisher.transport is not None and publisher not in self.link_paused:
-                    publisher.transport.resume_reading()
-
-    def is_paused(self, publisher: SessionConnection) -> bool:
-        return publisher in self.paused or publisher in self.link_paused
-
-    def _links_blocked(self) -> None:
-        """The publisher being read forwards into a link the peer is not draining: stop
-        reading it until the link is clear (TCP pushes back to the client)."""
-        publisher = self.current_publisher
-        if publisher is not None and publisher not in self.link_paused and publisher.transport:
-            publisher.transport.pause_reading()
-            self.link_paused.add(publisher)
-
-    def _links_free(self) -> None:
-        paused, self.link_paused = self.link_paused, set()
-        for publisher in paused:
-            if publisher.transport is not None and publisher not in self.paused:
-                publisher.transport.resume_reading()
-
-    def forwarding_link(self) -> Link | None:
-        """The inter-broker link the message being delivered came in on, if any."""
-        cluster = self.cluster
-        return cluster.receiving if cluster is not None else None
-
-    def hold_link(self, link: Link, subscriber: SessionConnection) -> None:
-        """``subscriber`` cannot take what ``link`` brings as fast: stop reading the link
-        until it drains (the sending broker then slows its publishers down)."""
-        holders = self.holding.get(link)
-        if holders is None:
-            holders = self.holding[link] = set()
-            if link.transport is not None:
-                link.transport.pause_reading()
-        holders.add(subscriber)
-
-    def release_links(self, subscriber: SessionConnection) -> None:
-        """``subscriber`` drained (or went): resume the links only it was holding."""
-        for link, holders in list(self.holding.items()):
-            holders.discard(subscriber)
-            if not holders:
-                del self.holding[link]
-                if link.transport is not None:
-                    link.transport.resume_reading()
-
-    # --- delivery ------------------------------------------------------------------------
-    def deliver(
-        self,
-        session: Session,
-        message: Message,
-        subs: list[Subscription],
-        shared: str | None = None,
-    ) -> asyncio.Future[Any] | None:
-        """Send or queue ``message`` for ``session`` (as a member of the ``shared`` group,
-        if given); a future when it went to the offline store (done once durable: the
-        publisher's acknowledgement waits for it)."""
-        if message.properties.get("origin") == session.client_id:
-            subs = [s for s in subs if not s.options.no_local]
-            if not subs:
-                return
-        if len(subs) == 1:  # the common case, without the generator machinery
-            options = subs[0].options
-            qos = message.qos if message.qos < options.qos else options.qos
-            retain = message.retain and options.retain_as_published
-            identifiers = [subs[0].identifier] if subs[0].identifier else _NO_IDS
-        else:
-            qos = min(message.qos, max(s.options.qos for s in subs))
-            retain = message.retain and any(s.options.retain_as_published for s in subs)
-            identifiers = [s.identifier for s in subs if s.identifier]
-        connection = session.connection
-        if connection is not None:
-            connection.send_message(message, qos, retain, identifiers, shared)
-        elif qos > 0 and session.persistent():
-            if self.offline is not None:
-                return self.offline.store(session, message, qos, retain, identifiers)
-            session_enqueue(session, message, qos, retain, identifiers, shared)
-        return None
-
-    def redistribute(self, session: Session) -> None:
-        """``session`` ended with messages of shared groups unacknowledged: give each to
-        another member (MQTT 5 §4.8.2: the Server SHOULD), here or on another node.  A QoS 2
-        message the client already received (PUBREC) is its own."""
-        orphans = [
-            (out.message, out.properties["shared"])
-            for out in session.inflight.values()
-            if "shared" in out.properties and not out.released
-        ]
-        orphans += [(m, extra["shared"]) for m, _, _, extra in session.queue if "shared" in extra]
-        cluster = self.cluster
-        for message, group in orphans:
-            if self.shared_groups.get((session.namespace, group)):
-                self._shared.accept(Binding(SHARED, session.namespace, group), message)
-            elif cluster is None or not cluster.forward_to_group(session.namespace, message, group):
-                mqtt_metrics(session.namespace).dropped.inc()
-
-    def encodings(self, message: Message) -> dict[Any, Any]:
-        """Encodings of ``message`` made during its fan-out, shared by every subscriber of
-        the same protocol level (DESIGN.md §11: encode a fanned-out message once)."""
-        if self._encode_cache_key is not message:
-            self._encode_cache_key = message
-            self._encode_cache = {}
-        return self._encode_cache
-
     # --- operations view (admin API: clients, kick) -----------------------------------------
     def clients(self) -> list[dict[str, Any]]:
         """Read only: this broker's MQTT connections, as ``GET /api/v1/clients`` shows them."""
@@ -597,60 +460,6 @@ class MqttServer:
                 conn.disconnect(rc.ADMINISTRATIVE_ACTION, "disconnected by an administrator")
                 return True
         return False
-
-
-_NO_IDS: list[int] = []
-
-
-class _SubscriptionType(DestinationType):
-    name = SUBSCRIPTION
-    durable = False
-
-    def __init__(self, server: MqttServer) -> None:
-        self.server = server
-
-    def accept(self, binding: Binding, message: Message) -> asyncio.Future[Any] | None:
-        session = self.server.sessions.get((binding.namespace, binding.name))
-        if session is None:
-            return None
-        plain = session.plain_subscriptions()
-        if len(plain) != 1:  # which of the client's filters matched decides QoS and ids
-            topic = message.topic
-            plain = [sub for sub in plain if matches(sub.topic_filter, topic)]
-        if plain:  # one plain filter: the trie matched this client, so it matched that one
-            return self.server.deliver(session, message, plain)
-        return None
-
-
-class _SharedType(DestinationType):
-    name = SHARED
-    durable = False
-    one_member = True
-
-    def __init__(self, server: MqttServer) -> None:
-        self.server = server
-
-    def accept(self, binding: Binding, message: Message) -> asyncio.Future[Any] | None:
-        server = self.server
-        members = server.shared_groups.get((binding.namespace, binding.name))
-        if not members:
-            return None
-        # Round robin over online members; an offline persistent member only when no one is on.
-        start = next(server._shared_turn)
-        chosen = None
-        for i in range(len(members)):
-            session = server.sessions.get((binding.namespace, members[(start + i) % len(members)]))
-            if session is not None and session.online:
-                chosen = session
-                break
-            if chosen is None and session is not None:
-                chosen = session
-        if chosen is None:
-            return None
-        sub = chosen.subscriptions.get(binding.name)
-        if sub is not None:
-            return server.deliver(chosen, message, [sub], binding.name)
-        return None
 
 
 def _address(conn: MqttConnection) -> str:

@@ -54,20 +54,33 @@ class Outgoing:
 
 
 class SessionConnection(Protocol):
-    """What the broker-wide MQTT state does with a client's connection (an ``MqttConnection``,
-    which this module must not import: it sits above the session)."""
+    """What the broker-wide MQTT state and the delivery module (``flowmq_broker.mqtt.delivery``)
+    use of a client's connection (an ``MqttConnection``, which they must not import: it sits
+    above them)."""
 
     transport: asyncio.Transport | None
+    session: Session | None
+    level: int  # the client's protocol level: 4 (3.1.1) or 5
+    m: Any  # its namespace's metrics (flowmq_broker.mqtt.metrics)
+    # What the client told us in CONNECT (v5): its receive maximum, maximum packet size (None:
+    # the protocol's) and topic alias maximum; and the aliases we gave it, topic -> alias.
+    client_receive_maximum: int
+    client_max_packet: int | None
+    client_alias_maximum: int
+    out_aliases: dict[str, int]
+    # Output written and not yet flushed: its size, and whether the socket buffer is over its
+    # high-water mark (pause_writing); PUBLISH packets and payload bytes to count at flush.
+    out_bytes: int
+    writing_paused: bool
+    out_count: int
+    out_payload: int
 
-    def send_message(
-        self,
-        message: Message,
-        qos: int,
-        retain: bool,
-        identifiers: list[int],
-        shared: str | None = None,
-    ) -> None:
-        """Send ``message`` now, or queue it in the session if the client's window is full."""
+    def write(self, data: bytes) -> None:
+        """Add ``data`` to what goes out at the next flush."""
+
+    def backlog(self) -> int:
+        """Bytes written but not yet taken by the client."""
+        ...
 
     def take_over(self) -> None:
         """Another connection with the same client id arrived: hand the session over."""
@@ -89,6 +102,7 @@ class Session:
         self.expiry_interval = 0
         self.connection: SessionConnection | None = None
         self.inflight: dict[int, Outgoing] = {}
+        self.inflight_bytes = 0  # payload bytes of ``inflight`` (add_inflight, remove_inflight)
         self.queue: collections.deque[tuple[Message, int, bool, dict[str, Any]]] = (
             collections.deque()
         )
@@ -120,6 +134,17 @@ class Session:
     def subscriptions_changed(self) -> None:
         """Call after every change to ``subscriptions``."""
         self._subs_version += 1
+
+    def add_inflight(self, packet_id: int, out: Outgoing) -> None:
+        self.inflight[packet_id] = out
+        self.inflight_bytes += len(out.message.payload)
+
+    def remove_inflight(self, packet_id: int) -> Outgoing | None:
+        """Forget the message in flight under ``packet_id``; it, or None if there was none."""
+        out = self.inflight.pop(packet_id, None)
+        if out is not None:
+            self.inflight_bytes -= len(out.message.payload)
+        return out
 
     def allocate_packet_id(self) -> int:
         """The next packet id not in flight (1..65535, wrapping)."""
@@ -170,8 +195,8 @@ class Session:
     def from_state(cls, state: dict[str, Any], namespace: str) -> Session:
         session = cls.from_record(state["record"], namespace)
         for packet_id, data, qos, retain, properties, released in state["inflight"]:
-            session.inflight[packet_id] = Outgoing(
-                decode_message(data), qos, retain, properties, released
+            session.add_inflight(
+                packet_id, Outgoing(decode_message(data), qos, retain, properties, released)
             )
         for data, qos, retain, extra in state["queue"]:
             session.queue.append((decode_message(data), qos, retain, extra))
@@ -195,9 +220,15 @@ class Session:
         }
 
 
+_PLAIN_EXTRA: dict[str, Any] = {"subscription_identifier": []}
+
+
 def delivery_extra(identifiers: list[int], shared: str | None) -> dict[str, Any]:
-    """What a queued or in-flight message carries besides itself."""
+    """What a queued or in-flight message carries besides itself (read only: the common
+    one, no identifiers and no group, is shared)."""
     if shared is None:
+        if not identifiers:
+            return _PLAIN_EXTRA
         return {"subscription_identifier": identifiers}
     return {"subscription_identifier": identifiers, "shared": shared}
 

@@ -306,3 +306,25 @@ def test_a_rule_change_applies_at_once(open_broker):
     assert alice.subscribe("live/#", 1) == [1]
     assert pub.publish("live/1", b"back", 1) == 0
     assert alice.get().payload == b"back"
+
+
+def test_a_rule_change_applies_at_once_to_plain_qos0(open_broker):
+    """A connection forwards plain QoS 0 messages on a topic it already checked without
+    asking the ACLs again (flowmq_broker.mqtt.delivery): a rule change still applies to the
+    very next message."""
+    b = open_broker
+    control = b.connected("q0-control", "bob")
+    assert control.subscribe("q0/#", 0) == [0]
+    pub = b.connected("q0-pub", "carol")
+    for payload in (b"first", b"checked"):  # the second goes by the remembered check
+        pub.publish("q0/1", payload, 0)
+        assert control.get().payload == payload
+
+    denied = b.rule("carol", "q0/1", "publish", "deny")
+    pub.publish("q0/1", b"denied", 0)
+    pub.publish("q0/2", b"after", 0)
+    assert control.get().payload == b"after"  # "denied" never came first
+
+    b.delete_rule(denied)
+    pub.publish("q0/1", b"again", 0)
+    assert control.get().payload == b"again"

@@ -73,6 +73,33 @@ def test_client_to_server_roundtrip_whole_stream(session: tuple[int, list]) -> N
     assert decoder.buffered == 0
 
 
+def _is_plain(p: Packet) -> bool:
+    return (
+        isinstance(p, Publish)
+        and not (p.qos or p.retain or p.dup or p.properties)
+        and bool(p.topic)
+    )
+
+
+@SETTINGS
+@given(client_sessions(), st.data())
+def test_plain_tuples_carry_plain_qos0_publish_as_received(
+    session: tuple[int, list], data: st.DataObject
+) -> None:
+    """``plain_tuples``: a plain QoS 0 PUBLISH is (topic, payload, its bytes as received);
+    every other packet decodes as before, wherever the stream is split."""
+    level, packets = session
+    packets += [Publish("plain/topic", b"payload"), Publish("plain/topic", b"", retain=True)]
+    encoded = [encode(p, level) for p in packets]
+    stream = b"".join(encoded)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=10))
+    expected = [
+        (p.topic, p.payload, raw) if _is_plain(p) else p
+        for p, raw in zip(packets, encoded, strict=True)
+    ]
+    assert _feed_split(MqttDecoder(plain_tuples=True), stream, cuts) == expected
+
+
 @SETTINGS
 @given(server_sessions())
 def test_server_to_client_roundtrip_whole_stream(session: tuple[int, list]) -> None:

@@ -6,7 +6,8 @@
 - refs.py: the object life cycle (write intents, reference counts, the to-delete list) and
   the invariants it keeps; gc.py: ``collect_garbage`` deletes the objects it lists.
 - cache.py: ``ByteLRU``, under the stream page cache and the queue body cache.
-- clock.py: the injectable wall clock; tasks.py: fault points and the running-tasks gauge.
+- clock.py: the injectable wall clock; tasks.py: fault points, the running-tasks gauge and
+  ``MaintenanceOptions`` (clock, delete grace, fault hook) of retention, compaction and GC.
 
 Depends on ``flowmq_core``, ``flowmq_meta``, ``flowmq_objstore`` and ``flowmq_metrics``
 only; ``flowmq_kas3`` and ``flowmq_queue`` build on it and not on each other.
@@ -25,6 +26,7 @@ from flowmq_commit.batcher import (
 from flowmq_commit.clock import Clock
 from flowmq_commit.errors import BatcherClosed, CommitError, IntentLost, StoreUnavailable
 from flowmq_commit.gc import GcResult, collect_garbage
+from flowmq_commit.tasks import MaintenanceOptions
 
 __all__ = [
     "DEFAULT_FLUSH_INTERVAL",
@@ -37,6 +39,7 @@ __all__ = [
     "GroupCommit",
     "GroupCommitBatcher",
     "IntentLost",
+    "MaintenanceOptions",
     "StoreUnavailable",
     "collect_garbage",
     "default_flush_interval",

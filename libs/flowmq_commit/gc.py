@@ -18,9 +18,7 @@ import logging
 from typing import NamedTuple
 
 from flowmq_commit import refs
-from flowmq_commit.clock import Clock
-from flowmq_commit.tasks import FaultHook, fault, running_task
-from flowmq_core.message import now_ms
+from flowmq_commit.tasks import DEFAULT_MAINTENANCE, MaintenanceOptions, fault, running_task
 from flowmq_meta import MetaStore, Transaction
 from flowmq_meta.keys import OBJECTS_TO_DELETE
 from flowmq_objstore import ObjectStore
@@ -40,19 +38,19 @@ class GcResult(NamedTuple):
 async def collect_garbage(
     meta: MetaStore,
     objects: ObjectStore,
+    options: MaintenanceOptions = DEFAULT_MAINTENANCE,
     *,
-    clock: Clock = now_ms,
     page: int = DEFAULT_PAGE,
     concurrency: int = DEFAULT_CONCURRENCY,
-    faults: FaultHook | None = None,
 ) -> GcResult:
-    """One pass over the to-delete list."""
+    """One pass over the to-delete list (``options.grace_ms`` is not used: the grace was
+    added to each entry's deadline when it was listed)."""
     begin, end = OBJECTS_TO_DELETE.range()
     deleted = not_due = failed = 0
     semaphore = asyncio.Semaphore(concurrency)
 
     def claim(tr: Transaction, cursor: bytes) -> tuple[list[str], int, bytes | None]:
-        now = clock()
+        now = options.clock()
         rows = tr.get_range(cursor, end, limit=page)
         claimed: list[str] = []
         waiting = 0
@@ -89,15 +87,15 @@ async def collect_garbage(
         while cursor is not None:
             claimed, waiting, next_cursor = await meta.transact(lambda tr, c=cursor: claim(tr, c))
             not_due += waiting
-            fault(faults, "gc.after_claim")
+            fault(options.faults, "gc.after_claim")
             if claimed:
                 ok = await asyncio.gather(*(delete(k) for k in claimed))
                 done = [k for k, success in zip(claimed, ok, strict=True) if success]
                 failed += len(claimed) - len(done)
-                fault(faults, "gc.after_delete")
+                fault(options.faults, "gc.after_delete")
                 if done:
                     await meta.transact(lambda tr, d=done: clear(tr, d))
-                    fault(faults, "gc.after_clear")
+                    fault(options.faults, "gc.after_clear")
                 deleted += len(done)
             cursor = next_cursor
     return GcResult(deleted, not_due, failed)

@@ -20,14 +20,11 @@ from typing import NamedTuple
 
 from flowmq_commit import refs
 from flowmq_commit.batcher import DEFAULT_INTENT_LEASE_MS, key_component
-from flowmq_commit.clock import Clock
-from flowmq_commit.tasks import FaultHook, fault, running_task
-from flowmq_core.message import now_ms
+from flowmq_commit.tasks import DEFAULT_MAINTENANCE, MaintenanceOptions, fault, running_task
 from flowmq_kas3 import index
 from flowmq_kas3.errors import CompactionConflict
 from flowmq_kas3.index import ChunkEntry, Partition
 from flowmq_kas3.reader import read_chunks
-from flowmq_kas3.retention import DEFAULT_DELETE_GRACE_MS
 from flowmq_meta import MetaStore, Transaction
 from flowmq_metrics import kas3_segment_size
 from flowmq_objstore import ObjectStore
@@ -69,22 +66,17 @@ def plan_runs(
 async def compact_partition(
     meta: MetaStore,
     objects: ObjectStore,
-    ns: str,
-    stream: str,
-    partition: int,
+    p: Partition,
+    options: MaintenanceOptions = DEFAULT_MAINTENANCE,
     *,
     node_id: str = "node",
     small_chunk_bytes: int = DEFAULT_SMALL_CHUNK_BYTES,
     target_bytes: int = DEFAULT_TARGET_BYTES,
     min_chunks: int = 2,
     key_prefix: str = "compacted",
-    clock: Clock = now_ms,
-    grace_ms: int = DEFAULT_DELETE_GRACE_MS,
     intent_lease_ms: int = DEFAULT_INTENT_LEASE_MS,
-    faults: FaultHook | None = None,
 ) -> CompactionResult:
     """One compaction pass over the partition, oldest chunks first."""
-    p: Partition = (ns, stream, partition)
     key_base = f"{key_prefix}/{key_component(node_id)}"
     runs = merged = written = conflicts = 0
     cursor: int | None = None
@@ -94,19 +86,10 @@ async def compact_partition(
                 lambda tr, c=cursor: index.first_entries(tr, p, _SCAN_PAGE, c)
             )
             for run in plan_runs(page, small_chunk_bytes, target_bytes, min_chunks):
-                key = f"{key_base}/{clock():013d}-{secrets.token_hex(6)}"
+                key = f"{key_base}/{options.clock():013d}-{secrets.token_hex(6)}"
                 try:
                     size = await _compact_run(
-                        meta,
-                        objects,
-                        p,
-                        run,
-                        key,
-                        node_id,
-                        clock,
-                        grace_ms,
-                        intent_lease_ms,
-                        faults,
+                        meta, objects, p, run, key, node_id, intent_lease_ms, options
                     )
                 except CompactionConflict:
                     conflicts += 1
@@ -126,10 +109,8 @@ async def _compact_run(
     run: list[ChunkEntry],
     key: str,
     node_id: str,
-    clock: Clock,
-    grace_ms: int,
     intent_lease_ms: int,
-    faults: FaultHook | None,
+    options: MaintenanceOptions,
 ) -> int:
     chunks = await read_chunks(objects, None, run)
     body = b"".join(data for _, data in chunks)
@@ -141,12 +122,12 @@ async def _compact_run(
         sum(e.offset_count for e in run),
         max(e.max_timestamp for e in run),
     )
-    deadline = clock() + intent_lease_ms
+    deadline = options.clock() + intent_lease_ms
     await meta.transact(lambda tr: refs.register_intent(tr, key, deadline, node_id))
-    fault(faults, "compaction.after_intent")
+    fault(options.faults, "compaction.after_intent")
 
     def swap(tr: Transaction) -> None:
-        now = clock()
+        now = options.clock()
         refs.check_intent(tr, key, now)
         current = index.first_entries(tr, p, len(run), run[0].base_offset)
         if current != run:
@@ -156,20 +137,20 @@ async def _compact_run(
         tr.clear_range(begin, index.entry_key(p, run[-1].base_offset + 1))
         index.write_entry(tr, p, merged)
         refs.resolve_intent(tr, key, 1, now)
-        refs.unref(tr, collections.Counter(e.object_key for e in run), now, grace_ms)
+        refs.unref(tr, collections.Counter(e.object_key for e in run), now, options.grace_ms)
 
     try:
         await objects.put(key, body)
-        fault(faults, "compaction.after_put")
+        fault(options.faults, "compaction.after_put")
         await meta.transact(swap)
     except Exception:
         # Let GC delete the unused object now rather than when the lease ends; if even this
         # fails, the lease expiry does it.
         try:
-            await meta.transact(lambda tr: refs.abandon_intent(tr, key, clock()))
+            await meta.transact(lambda tr: refs.abandon_intent(tr, key, options.clock()))
         except Exception:
             pass
         raise
-    fault(faults, "compaction.after_swap")
+    fault(options.faults, "compaction.after_swap")
     kas3_segment_size.observe(len(body))
     return len(body)

@@ -14,16 +14,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from flowmq_commit import refs
-from flowmq_commit.clock import Clock
-from flowmq_commit.tasks import FaultHook, fault, running_task
-from flowmq_core.message import now_ms
+from flowmq_commit.tasks import DEFAULT_MAINTENANCE, MaintenanceOptions, fault, running_task
 from flowmq_kas3 import index
 from flowmq_kas3.index import ChunkEntry, Partition
 from flowmq_meta import MetaStore, Transaction, decode_int
 
-# Time between an object losing its last reference and GC deleting it: a fetch that read the
-# old index entry just before may still be about to GET it.
-DEFAULT_DELETE_GRACE_MS = 30_000
 # Entries removed per transaction: ~100 bytes of mutations each, far below 10 MB / 5 s.
 DEFAULT_PAGE = 500
 
@@ -51,24 +46,19 @@ def _release(
 
 async def apply_retention(
     meta: MetaStore,
-    ns: str,
-    stream: str,
-    partition: int,
+    p: Partition,
     policy: RetentionPolicy,
+    options: MaintenanceOptions = DEFAULT_MAINTENANCE,
     *,
-    clock: Clock = now_ms,
-    grace_ms: int = DEFAULT_DELETE_GRACE_MS,
     page: int = DEFAULT_PAGE,
-    faults: FaultHook | None = None,
 ) -> RetentionResult:
     """Remove chunks whose max timestamp is older than ``retention_ms``, then, as Kafka
     does, the oldest chunks while the partition stays at or above ``retention_bytes``
     without them."""
-    p: Partition = (ns, stream, partition)
     removed = removed_bytes = 0
 
     def txn(tr: Transaction) -> tuple[int, int, bool, int]:
-        now = clock()
+        now = options.clock()
         entries = index.first_entries(tr, p, page)
         total = decode_int(tr.get(index.bytes_key(p))) if policy.retention_bytes is not None else 0
         drop: list[ChunkEntry] = []
@@ -83,7 +73,7 @@ async def apply_retention(
                 break
             drop.append(e)
             total -= e.size
-        _release(tr, p, drop, now, grace_ms)
+        _release(tr, p, drop, now, options.grace_ms)
         hwm = index.read_hwm(tr, p)
         start = entries[len(drop)].base_offset if len(drop) < len(entries) else hwm
         more = len(drop) == len(entries) == page
@@ -92,7 +82,7 @@ async def apply_retention(
     with running_task():
         while True:
             n, size, more, start = await meta.transact(txn)
-            fault(faults, "retention.after_commit")
+            fault(options.faults, "retention.after_commit")
             removed += n
             removed_bytes += size
             if not more:
@@ -101,22 +91,18 @@ async def apply_retention(
 
 async def delete_partition(
     meta: MetaStore,
-    ns: str,
-    stream: str,
-    partition: int,
+    p: Partition,
+    options: MaintenanceOptions = DEFAULT_MAINTENANCE,
     *,
-    clock: Clock = now_ms,
-    grace_ms: int = DEFAULT_DELETE_GRACE_MS,
     page: int = DEFAULT_PAGE,
 ) -> int:
     """Remove every chunk of a partition and then its HWM and byte total (a deleted
     topic); returns the chunks removed.  Stop appends to it first."""
-    p: Partition = (ns, stream, partition)
     removed = 0
 
     def txn(tr: Transaction) -> int:
         entries = index.first_entries(tr, p, page)
-        _release(tr, p, entries, clock(), grace_ms)
+        _release(tr, p, entries, options.clock(), options.grace_ms)
         if len(entries) < page:
             tr.clear(index.hwm_key(p))
             tr.clear(index.bytes_key(p))

@@ -4,7 +4,7 @@ metrics follow the same style.  Label sets are kept small: Prometheus adds ``ins
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import Gauge, Histogram
 
@@ -65,55 +65,69 @@ limits_rejections_count = Counter(
     ("limit",),
 )
 
+
+# --- per-protocol traffic ----------------------------------------------------------------
+class _Traffic(NamedTuple):
+    messages_in: Counter
+    messages_out: Counter
+    messages_in_bytes: Counter
+    messages_out_bytes: Counter
+
+
+def _traffic(protocol: str, received: str, sent: str, payload: str) -> _Traffic:
+    """The message counters every protocol keeps by namespace, under the documented names
+    ``<protocol>_messages_{in,out}_count`` and ``<protocol>_messages_{in,out}_bytes_count``:
+    ``received`` and ``sent`` say what one message in and out is, ``payload`` which of its
+    bytes the ``_bytes`` counters add up."""
+
+    def counter(name: str, documentation: str) -> Counter:
+        return Counter(f"{protocol}_messages_{name}_count", documentation, ("namespace",))
+
+    return _Traffic(
+        counter("in", f"{received}."),
+        counter("out", f"{sent}."),
+        counter("in_bytes", f"{received}: {payload}."),
+        counter("out_bytes", f"{sent}: {payload}."),
+    )
+
+
 # --- MQTT ------------------------------------------------------------------------------
 mqtt_connections = Gauge(
     "mqtt_connections", "Open MQTT connections.", ("namespace",), registry=REGISTRY
-)
-mqtt_messages_in_count = Counter(
-    "mqtt_messages_in_count", "PUBLISH packets received.", ("namespace",)
-)
-mqtt_messages_out_count = Counter(
-    "mqtt_messages_out_count", "PUBLISH packets sent.", ("namespace",)
-)
-mqtt_messages_in_bytes_count = Counter(
-    "mqtt_messages_in_bytes_count", "Payload bytes of PUBLISH packets received.", ("namespace",)
-)
-mqtt_messages_out_bytes_count = Counter(
-    "mqtt_messages_out_bytes_count", "Payload bytes of PUBLISH packets sent.", ("namespace",)
 )
 mqtt_messages_dropped_count = Counter(
     "mqtt_messages_dropped_count",
     "Messages dropped (slow QoS 0 subscriber, expired, queue full).",
     ("namespace",),
 )
+_mqtt = _traffic("mqtt", "PUBLISH packets received", "PUBLISH packets sent", "payload bytes")
+mqtt_messages_in_count = _mqtt.messages_in
+mqtt_messages_out_count = _mqtt.messages_out
+mqtt_messages_in_bytes_count = _mqtt.messages_in_bytes
+mqtt_messages_out_bytes_count = _mqtt.messages_out_bytes
 
 # --- Kafka -----------------------------------------------------------------------------
 kafka_requests_count = Counter("kafka_requests_count", "Kafka requests handled.", ("api",))
-kafka_messages_in_count = Counter("kafka_messages_in_count", "Records produced.", ("namespace",))
-kafka_messages_out_count = Counter("kafka_messages_out_count", "Records fetched.", ("namespace",))
-kafka_messages_in_bytes_count = Counter(
-    "kafka_messages_in_bytes_count", "Record-batch bytes produced.", ("namespace",)
-)
-kafka_messages_out_bytes_count = Counter(
-    "kafka_messages_out_bytes_count", "Record-batch bytes fetched.", ("namespace",)
-)
+_kafka = _traffic("kafka", "Records produced", "Records fetched", "record-batch bytes")
+kafka_messages_in_count = _kafka.messages_in
+kafka_messages_out_count = _kafka.messages_out
+kafka_messages_in_bytes_count = _kafka.messages_in_bytes
+kafka_messages_out_bytes_count = _kafka.messages_out_bytes
 
 # --- AMQP ------------------------------------------------------------------------------
 amqp_connections = Gauge(
     "amqp_connections", "Open AMQP connections.", ("namespace",), registry=REGISTRY
 )
-amqp_messages_in_count = Counter(
-    "amqp_messages_in_count", "Basic.Publish messages received.", ("namespace",)
+_amqp = _traffic(
+    "amqp",
+    "Basic.Publish messages received",
+    "Basic.Deliver / Basic.GetOk messages sent",
+    "body bytes",
 )
-amqp_messages_out_count = Counter(
-    "amqp_messages_out_count", "Basic.Deliver / Basic.GetOk messages sent.", ("namespace",)
-)
-amqp_messages_in_bytes_count = Counter(
-    "amqp_messages_in_bytes_count", "Body bytes of messages received.", ("namespace",)
-)
-amqp_messages_out_bytes_count = Counter(
-    "amqp_messages_out_bytes_count", "Body bytes of messages sent.", ("namespace",)
-)
+amqp_messages_in_count = _amqp.messages_in
+amqp_messages_out_count = _amqp.messages_out
+amqp_messages_in_bytes_count = _amqp.messages_in_bytes
+amqp_messages_out_bytes_count = _amqp.messages_out_bytes
 
 # --- Queues ----------------------------------------------------------------------------
 queue_messages_enqueued_count = Counter(
@@ -228,5 +242,15 @@ __all__ = [
     name
     for name in dir()
     if not name.startswith("_")
-    and name not in {"Gauge", "Histogram", "Counter", "REGISTRY", "annotations", "Any", "Mapping"}
+    and name
+    not in {
+        "Gauge",
+        "Histogram",
+        "Counter",
+        "REGISTRY",
+        "annotations",
+        "Any",
+        "Mapping",
+        "NamedTuple",
+    }
 ]

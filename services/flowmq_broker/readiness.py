@@ -17,6 +17,7 @@ probe object at a time.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -56,24 +57,24 @@ async def _timed(step: Callable[[], Awaitable[Any]], timeout: float) -> CheckRes
     return result
 
 
+@dataclasses.dataclass(eq=False)
 class Readiness:
-    def __init__(
-        self,
-        node_id: str,
-        meta: MetaStore,
-        objects: ObjectStore,
-        cluster_state: Callable[[], tuple[str | None, dict[str, Any]]],
-        *,
-        timeout: float = CHECK_TIMEOUT_S,
-    ) -> None:
-        """``cluster_state()``: (None or why the cluster plane is not up, details)."""
-        self.node_id = node_id
-        self.meta = meta
-        self.objects = objects
-        self.cluster_state = cluster_state
-        self.timeout = timeout
-        self._probe_key = f"{PROBE_PREFIX}{key_component(node_id)}-{secrets.token_hex(4)}"
-        self._running: asyncio.Future[dict[str, CheckResult]] | None = None
+    """The checks of one broker.  ``cluster_state()``: (None or why the cluster plane is not
+    up, details)."""
+
+    node_id: str
+    meta: MetaStore
+    objects: ObjectStore
+    cluster_state: Callable[[], tuple[str | None, dict[str, Any]]]
+    _: dataclasses.KW_ONLY
+    timeout: float = CHECK_TIMEOUT_S
+    _running: asyncio.Future[dict[str, CheckResult]] | None = dataclasses.field(
+        default=None, init=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        # A random suffix: brokers started with the same node id never delete each other's probe.
+        self._probe_key = f"{PROBE_PREFIX}{key_component(self.node_id)}-{secrets.token_hex(4)}"
 
     async def checks(self) -> dict[str, CheckResult]:
         if self._running is None or self._running.done():

@@ -47,14 +47,13 @@ class StreamMaintenance:
         for (namespace, name), dest in streams.items():
             policy = policy_of(dest)
             for partition in range(dest.options.get("partitions", 1)):
+                p = (namespace, name, partition)
                 if policy.retention_ms is not None or policy.retention_bytes is not None:
-                    await apply_retention(self.meta, namespace, name, partition, policy)
-                await compact_partition(
-                    self.meta, self.objects, namespace, name, partition, node_id=self.node_id
-                )
+                    await apply_retention(self.meta, p, policy)
+                await compact_partition(self.meta, self.objects, p, node_id=self.node_id)
         for namespace, name, partition in await self._stored_partitions():
             if (namespace, name) not in streams:
-                removed = await delete_partition(self.meta, namespace, name, partition)
+                removed = await delete_partition(self.meta, (namespace, name, partition))
                 log.info(
                     "removed %d chunks of deleted stream %s/%s[%d]",
                     removed,

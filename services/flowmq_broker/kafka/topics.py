@@ -259,7 +259,7 @@ class TopicManager:
             ) from None
         await self.services.metadata_changed()
         for partition in range(partition_count(dest)):
-            await delete_partition(self.services.meta, self.namespace, name, partition)
+            await delete_partition(self.services.meta, (self.namespace, name, partition))
         for callback in self.on_deleted:
             await callback(name)
         log.info("kafka: deleted topic %s", name)

@@ -64,7 +64,7 @@ async def test_retention_moves_the_log_start_clients_see(broker) -> None:  # noq
         )
     )
     result = await apply_retention(
-        broker.meta, "default", "short.lived", 0, RetentionPolicy(retention_ms=60_000)
+        broker.meta, ("default", "short.lived", 0), RetentionPolicy(retention_ms=60_000)
     )
     assert result.log_start_offset == 3
 

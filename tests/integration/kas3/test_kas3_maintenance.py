@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flowmq_commit import GroupCommitBatcher, collect_garbage
+from flowmq_commit import GroupCommitBatcher, MaintenanceOptions, collect_garbage
 from flowmq_commit.refs import ABANDON_GRACE_MS, decode_listing
 from flowmq_kas3 import (
     OffsetOutOfRange,
@@ -50,8 +50,9 @@ class Stack:
     def __init__(self, meta_url: str, objects_url: str, clock: Clock, faults=None) -> None:
         self.meta = open_meta_store(meta_url)
         self.objects = open_object_store(objects_url)
-        self.clock = clock
-        self.faults = faults
+        self.maintenance = MaintenanceOptions(clock, GRACE, faults)
+        # Unreferenced objects may go at the next GC pass.
+        self.no_grace = MaintenanceOptions(clock, 0, faults)
         self.batcher = GroupCommitBatcher(
             self.meta,
             self.objects,
@@ -71,32 +72,15 @@ class Stack:
 
     async def retention(self, policy: RetentionPolicy) -> None:
         for p in range(3):
-            await apply_retention(
-                self.meta,
-                NS,
-                STREAM,
-                p,
-                policy,
-                clock=self.clock,
-                grace_ms=GRACE,
-                faults=self.faults,
-            )
+            await apply_retention(self.meta, (NS, STREAM, p), policy, self.maintenance)
 
     async def compact(self, partition: int) -> None:
         await compact_partition(
-            self.meta,
-            self.objects,
-            NS,
-            STREAM,
-            partition,
-            node_id="n1",
-            clock=self.clock,
-            grace_ms=GRACE,
-            faults=self.faults,
+            self.meta, self.objects, (NS, STREAM, partition), self.maintenance, node_id="n1"
         )
 
     async def gc(self) -> None:
-        await collect_garbage(self.meta, self.objects, clock=self.clock, faults=self.faults)
+        await collect_garbage(self.meta, self.objects, self.maintenance)
 
     async def close(self) -> None:
         await self.batcher.close()
@@ -198,7 +182,7 @@ async def test_retention_by_bytes(urls) -> None:
         await s.append_flush([(0, batch), (1, make_batch([b"other"]))])
     limit = sum(sizes[-2:])  # keep the last two chunks only
     result = await apply_retention(
-        s.meta, NS, STREAM, 0, RetentionPolicy(retention_bytes=limit), clock=clock, grace_ms=0
+        s.meta, (NS, STREAM, 0), RetentionPolicy(retention_bytes=limit), s.no_grace
     )
     assert result.chunks_removed == 4 and result.log_start_offset == 4
     info = await s.store.partition_info(NS, STREAM, 0)
@@ -207,9 +191,7 @@ async def test_retention_by_bytes(urls) -> None:
     # partition 1 still references every object: nothing may go
     await s.gc()
     assert len(await s.objects.list()) == 6
-    await apply_retention(
-        s.meta, NS, STREAM, 1, RetentionPolicy(retention_bytes=1), clock=clock, grace_ms=0
-    )
+    await apply_retention(s.meta, (NS, STREAM, 1), RetentionPolicy(retention_bytes=1), s.no_grace)
     await s.gc()
     assert len(await s.objects.list()) == 2  # only the objects with partition 0's last chunks
     await check_invariants(s.meta, s.objects)
@@ -225,7 +207,7 @@ async def test_retention_pages_through_many_chunks(urls) -> None:
         await s.append_flush([(0, make_batch([f"{i}".encode()], timestamp=T0))])
     clock.now = T0 + 10_000
     result = await apply_retention(
-        s.meta, NS, STREAM, 0, RetentionPolicy(retention_ms=1), clock=clock, grace_ms=0, page=7
+        s.meta, (NS, STREAM, 0), RetentionPolicy(retention_ms=1), s.no_grace, page=7
     )
     assert result.chunks_removed == 30 and result.log_start_offset == 30
     await s.gc()
@@ -286,11 +268,11 @@ async def test_compaction_gives_up_when_retention_changed_the_run(urls) -> None:
         await original_put(key, data)
         if key.startswith("compacted/"):
             await apply_retention(
-                s.meta, NS, STREAM, 0, RetentionPolicy(retention_bytes=1), clock=clock, grace_ms=0
+                s.meta, (NS, STREAM, 0), RetentionPolicy(retention_bytes=1), s.no_grace
             )
 
     s.objects.put = put_then_retention  # type: ignore[method-assign]
-    result = await compact_partition(s.meta, s.objects, NS, STREAM, 0, clock=clock, grace_ms=0)
+    result = await compact_partition(s.meta, s.objects, (NS, STREAM, 0), s.no_grace)
     assert result.conflicts == 1 and result.runs == 0
     clock.now += ABANDON_GRACE_MS
     await s.gc()
@@ -304,7 +286,7 @@ async def test_delete_partition(urls) -> None:
     clock = Clock()
     s = Stack(*urls, clock)
     await s.append_flush([(0, make_batch([b"a"])), (1, make_batch([b"b"]))])
-    assert await delete_partition(s.meta, NS, STREAM, 0, clock=clock, grace_ms=0) == 1
+    assert await delete_partition(s.meta, (NS, STREAM, 0), s.no_grace) == 1
     assert await s.store.high_watermark(NS, STREAM, 0) == 0
     await s.gc()
     assert len(await s.objects.list()) == 1  # still holds partition 1

@@ -1,5 +1,7 @@
 import re
 
+from prometheus_client import Gauge, Histogram
+
 import flowmq_metrics as metrics
 
 DOCUMENTED = """
@@ -45,3 +47,15 @@ def test_object_store_hook_counts_requests_by_type():
 def test_label_values_are_escaped():
     metrics.broker_messages_dispatched_count.labels('we"ird\\ns').inc()
     assert 'namespace="we\\"ird\\\\ns"' in metrics.exposition().decode()
+
+
+def test_every_metric_object_is_exported_under_its_own_name():
+    # The per-protocol traffic counters are declared by one function and bound to their
+    # module names afterwards: a binding to the wrong counter would count under another name.
+    bound = {
+        name: getattr(metric, "name", None) or getattr(metric, "_name", None)
+        for name in metrics.__all__
+        if isinstance(metric := getattr(metrics, name), metrics.Counter | Gauge | Histogram)
+    }
+    assert {"amqp_messages_out_bytes_count", "kafka_messages_in_count"} <= bound.keys()
+    assert {name: exposed for name, exposed in bound.items() if exposed != name} == {}

@@ -13,6 +13,7 @@ from flowmq_commit import (
     GroupCommit,
     GroupCommitBatcher,
     IntentLost,
+    MaintenanceOptions,
     StoreUnavailable,
     collect_garbage,
 )
@@ -96,7 +97,7 @@ async def objects_after_grace(
 ) -> list[str]:
     """The objects left once abandoned ones are past their grace and GC has run."""
     now[0] += ABANDON_GRACE_MS
-    await collect_garbage(meta, objects, clock=lambda: now[0])
+    await collect_garbage(meta, objects, MaintenanceOptions(clock=lambda: now[0]))
     return await objects.list()
 
 
@@ -274,7 +275,7 @@ async def test_failed_transaction_fails_every_waiter_and_leaves_no_orphan(
     ok = await flushed_alone(batcher, "ok")
     assert ok != orphan
     # ... and the next flush handed it to GC, which deletes it after a grace period
-    await collect_garbage(meta, objects, clock=lambda: now[0])
+    await collect_garbage(meta, objects, MaintenanceOptions(clock=lambda: now[0]))
     assert orphan in await objects.list()
     assert await objects_after_grace(meta, objects, now) == [ok]
     await batcher.close()
@@ -333,7 +334,9 @@ async def test_a_claimed_intent_fails_the_flush(
     flushing = asyncio.ensure_future(batcher.flush())
     await objects.put_waiting.wait()
     now[0] += batcher.intent_lease_ms + 1
-    await collect_garbage(meta, objects, clock=lambda: now[0])  # claims the expired intent
+    await collect_garbage(
+        meta, objects, MaintenanceOptions(clock=lambda: now[0])
+    )  # claims the expired intent
     gate.set()
     await flushing
     with pytest.raises(IntentLost):

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from flowmq_commit import collect_garbage
+from flowmq_commit import MaintenanceOptions, collect_garbage
 from flowmq_core.message import Message
 from flowmq_meta.keys import OBJECT_REFS, QUEUE_INFLIGHT, QUEUE_READY
 from flowmq_queue import QueueEngine, QueueFull, QueueOptions
@@ -55,9 +55,8 @@ async def test_ack_deletes_and_releases_objects(env) -> None:
     refs = await env.engine.parts.meta.transact(lambda tr: tr.get_range(*OBJECT_REFS.range()))
     assert refs == []  # every object's last reference went with the last ack
     clock = env.clock
-    result = await collect_garbage(
-        env.engine.parts.meta, env.engine.parts.objects, clock=lambda: clock() + 600_000
-    )
+    later = MaintenanceOptions(clock=lambda: clock() + 600_000)
+    result = await collect_garbage(env.engine.parts.meta, env.engine.parts.objects, later)
     assert result.deleted >= 1
     assert await env.engine.parts.objects.list("segments/") == []
 

@@ -101,6 +101,10 @@ class MqttConnection(asyncio.Protocol):
         self.access: Access | None = None
         self.acl_publish: dict[str, bool] = {}
         self.closing = False
+        # For the connect and disconnect log lines: the client's address once connected, and
+        # why the connection ended (the broker's reason, or the client's DISCONNECT).
+        self.peer = "?"
+        self.end_reason = "closed by the client"
         self.will: Any = None
         self.keep_alive = 0
         self.last_rx = 0.0
@@ -286,6 +290,7 @@ class MqttConnection(asyncio.Protocol):
             return
         if message:
             log.info("mqtt %s: disconnecting: %s", self.client_id or self._peer(), message)
+            self.end_reason = message
         if self.level == 5 and self.session is not None:
             props = {"reason_string": message[:200]} if message else {}
             self.send(Disconnect(reason, props))
@@ -329,6 +334,12 @@ class MqttConnection(asyncio.Protocol):
         session = self._detach()
         if session is None:
             return
+        log.info(
+            "mqtt %s: disconnected from %s (%s)",
+            self.client_id,
+            self.peer,
+            f"connection lost: {exc}" if exc is not None else self.end_reason,
+        )
         if session.expiry_interval == 0:
             self.server.discard_session(session)
         elif session.expiry_interval != NEVER_EXPIRES:
@@ -692,6 +703,16 @@ class MqttConnection(asyncio.Protocol):
             if server_keep_alive is not None:
                 ack_props["server_keep_alive"] = server_keep_alive
         self.send(Connack(session_present, rc.SUCCESS, ack_props))
+        self.peer = self._peer()
+        log.info(
+            "mqtt %s: connected from %s (MQTT %s, %s, %s session, keep alive %d s)",
+            client_id,
+            self.peer,
+            "5.0" if v5 else "3.1.1",
+            f"user {self.username!r}" if self.username is not None else "anonymous",
+            "resumed" if session_present else "new",
+            self.keep_alive,
+        )
         self._start_keep_alive()
         if session_present:
             self._resume(session)
@@ -1048,6 +1069,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _on_disconnect(self, p: Disconnect) -> None:
         session = self.session
+        self.end_reason = "DISCONNECT from the client"
         if self.level == 5:
             if p.reason_code != rc.DISCONNECT_WITH_WILL_MESSAGE:
                 self.will = None

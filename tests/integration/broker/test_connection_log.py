@@ -47,3 +47,26 @@ def test_amqp_connections_are_logged_when_opened_and_closed(threaded, caplog) ->
         f"AMQP connection {peer}: anonymous opened vhost /",
         f"AMQP connection {peer} (anonymous, vhost /) closed",
     ]
+
+
+def test_mqtt_connects_and_disconnects_are_logged_with_client_id_and_reason(
+    threaded, caplog
+) -> None:
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    logger = "flowmq_broker.mqtt.connection"
+    caplog.set_level(logging.INFO, logger=logger)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="log-me", protocol=mqtt.MQTTv5)
+    client.connect("127.0.0.1", threaded.ports["mqtt"], keepalive=30)
+    client.loop_start()
+    wait_until(client.is_connected, 10, what="CONNACK")
+    peer = "127.0.0.1:%d" % client.socket().getsockname()[1]
+    client.disconnect()
+    client.loop_stop()
+    wait_until(lambda: any("disconnected" in line for line in lines(caplog, logger)), 10,
+               what="the disconnect line")  # fmt: skip
+    assert [line for line in lines(caplog, logger) if line.startswith("mqtt log-me:")] == [
+        f"mqtt log-me: connected from {peer} (MQTT 5.0, anonymous, new session, keep alive 30 s)",
+        f"mqtt log-me: disconnected from {peer} (DISCONNECT from the client)",
+    ]

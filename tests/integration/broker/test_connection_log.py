@@ -61,7 +61,7 @@ def test_mqtt_connects_and_disconnects_are_logged_with_client_id_and_reason(
     client.connect("127.0.0.1", threaded.ports["mqtt"], keepalive=30)
     client.loop_start()
     wait_until(client.is_connected, 10, what="CONNACK")
-    peer = "127.0.0.1:%d" % client.socket().getsockname()[1]
+    peer = f"127.0.0.1:{client.socket().getsockname()[1]}"
     client.disconnect()
     client.loop_stop()
     wait_until(lambda: any("disconnected" in line for line in lines(caplog, logger)), 10,

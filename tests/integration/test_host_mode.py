@@ -209,7 +209,10 @@ def _children(pid: int) -> dict[str, int]:
     found = {}
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     for child in map(int, text.split()):
-        argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        try:
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue  # it exited since the listing (a restart under way)
         if b"--node-id" in argv:
             found[argv[argv.index(b"--node-id") + 1].decode()] = child
     return found

@@ -17,6 +17,7 @@ from collections import deque
 from typing import Any
 
 import flowmq_metrics as metrics
+from flowmq_broker import lingering
 from flowmq_broker.mqtt.delivery import WRITE_HIGH_WATER, RoutePlan, message_from
 from flowmq_broker.mqtt.host import ConnectionHost
 from flowmq_broker.mqtt.metrics import mqtt_metrics
@@ -276,13 +277,13 @@ class MqttConnection(asyncio.Protocol):
         self.write(encode(packet, self.level))
 
     def close(self) -> None:
-        """Flush what is pending, then close."""
+        """Flush what is pending, then close, lingering so that the client reads it (a
+        refusal, a DISCONNECT's reason) even if it was still sending (flowmq_broker.lingering)."""
         if self.closing:
             return
         self.closing = True
         self.flush()
-        if self.transport is not None:
-            self.transport.close()
+        lingering.close(self.transport, self)
 
     def disconnect(self, reason: int, message: str = "") -> None:
         """End the connection as the protocol says: DISCONNECT (v5) or just close (3.1.1)."""

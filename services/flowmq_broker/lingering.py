@@ -48,6 +48,7 @@ class _Drain(asyncio.Protocol):
 def close(transport: asyncio.Transport | None, protocol: asyncio.BaseProtocol) -> None:
     """Close ``transport`` (``protocol``'s) after what was written to it, lingering as the
     module says; ``protocol.connection_lost(None)`` follows on the next turn of the loop.
+    The protocol must write nothing more to it (a half-closed transport refuses writes).
 
     A transport that closes gracefully by itself (``closes_gracefully``: the WebSocket one,
     whose close handshake already waits for the client) is only closed."""

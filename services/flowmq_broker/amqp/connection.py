@@ -209,7 +209,9 @@ class AmqpConnection(asyncio.Protocol):
         """Close after a refusal the client may not have read yet (a Connection.Close left
         unanswered, a protocol header), draining what it still sends (flowmq_broker.lingering)."""
         self.flush()
-        lingering.close(self.transport, self)
+        # The socket lingers on, but this connection writes nothing more to it.
+        transport, self.transport = self.transport, None
+        lingering.close(transport, self)
 
     # --- frames -------------------------------------------------------------------------
 

@@ -283,7 +283,9 @@ class MqttConnection(asyncio.Protocol):
             return
         self.closing = True
         self.flush()
-        lingering.close(self.transport, self)
+        # The socket lingers on, but this connection writes nothing more to it.
+        transport, self.transport = self.transport, None
+        lingering.close(transport, self)
 
     def disconnect(self, reason: int, message: str = "") -> None:
         """End the connection as the protocol says: DISCONNECT (v5) or just close (3.1.1)."""

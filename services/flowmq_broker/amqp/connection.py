@@ -16,6 +16,7 @@ from typing import Any
 from pamqp import commands, decode
 
 import flowmq_metrics as metrics
+from flowmq_broker import lingering
 from flowmq_broker.amqp.channel import Channel
 from flowmq_broker.amqp.errors import AmqpError, ConnectionError_
 from flowmq_broker.amqp.memqueue import MemoryQueue
@@ -155,7 +156,7 @@ class AmqpConnection(asyncio.Protocol):
             if header != fr.PROTOCOL_HEADER:
                 # Spec 4.2.2: answer with the protocol version we speak, then close.
                 self._write(fr.PROTOCOL_HEADER)
-                self._close_transport()
+                self._close_lingering()
                 return
             self._start()
         if self.state == "closed":
@@ -203,6 +204,14 @@ class AmqpConnection(asyncio.Protocol):
         self.flush()
         if self.transport is not None:
             self.transport.close()
+
+    def _close_lingering(self) -> None:
+        """Close after a refusal the client may not have read yet (a Connection.Close left
+        unanswered, a protocol header), draining what it still sends (flowmq_broker.lingering)."""
+        self.flush()
+        # The socket lingers on, but this connection writes nothing more to it.
+        transport, self.transport = self.transport, None
+        lingering.close(transport, self)
 
     # --- frames -------------------------------------------------------------------------
 
@@ -279,7 +288,7 @@ class AmqpConnection(asyncio.Protocol):
                 0, commands.Connection.Close(code, text[:255], method >> 16, method & 0xFFFF)
             )
         )
-        self._set_timer(CLOSE_TIMEOUT_S, self._close_transport)
+        self._set_timer(CLOSE_TIMEOUT_S, self._close_lingering)
 
     def shutdown(self) -> None:
         """Broker stopping: tell the client (320 CONNECTION_FORCED)."""

@@ -17,6 +17,7 @@ from collections import deque
 from typing import Any
 
 import flowmq_metrics as metrics
+from flowmq_broker import lingering
 from flowmq_broker.mqtt.delivery import WRITE_HIGH_WATER, RoutePlan, message_from
 from flowmq_broker.mqtt.host import ConnectionHost
 from flowmq_broker.mqtt.metrics import mqtt_metrics
@@ -276,13 +277,15 @@ class MqttConnection(asyncio.Protocol):
         self.write(encode(packet, self.level))
 
     def close(self) -> None:
-        """Flush what is pending, then close."""
+        """Flush what is pending, then close, lingering so that the client reads it (a
+        refusal, a DISCONNECT's reason) even if it was still sending (flowmq_broker.lingering)."""
         if self.closing:
             return
         self.closing = True
         self.flush()
-        if self.transport is not None:
-            self.transport.close()
+        # The socket lingers on, but this connection writes nothing more to it.
+        transport, self.transport = self.transport, None
+        lingering.close(transport, self)
 
     def disconnect(self, reason: int, message: str = "") -> None:
         """End the connection as the protocol says: DISCONNECT (v5) or just close (3.1.1)."""
@@ -717,7 +720,26 @@ class MqttConnection(asyncio.Protocol):
         if session_present:
             self._resume(session)
         if session.persistent():
-            self._loop.create_task(self._log_failure(server.save_session(session)))
+            self._loop.create_task(self._store_session(session, resumed=session_present))
+
+    async def _store_session(self, session: Session, *, resumed: bool) -> None:
+        """Store the session's record.  If the meta store fails, the client must not go on
+        believing its session outlives the connection, and CONNACK is out already (MQTT has
+        no later answer to a CONNECT): it is disconnected (v5 0x80, 3.1.1 closed), and a new
+        session goes with it (nothing of it is stored: a reconnect is told session present
+        0, as after a restart); a resumed one stays as it was last stored."""
+        try:
+            await self.server.save_session(session)
+        except Exception as exc:
+            log.warning("mqtt %s: could not store the session: %s", self.client_id, exc)
+            ours = session.connection is self
+            if ours:
+                self.disconnect(rc.UNSPECIFIED_ERROR, "the session could not be stored")
+            key = (session.namespace, session.client_id)
+            alone = ours or session.connection is None  # not taken over meanwhile
+            if not resumed and alone and self.server.sessions.get(key) is session:
+                self._detach()
+                self.server.discard_session(session, forget=False)
 
     def _resume(self, session: Session) -> None:
         # Everything in flight is resent with its original packet id (MQTT-4.4.0-1), in the

@@ -49,6 +49,11 @@ _MSG_SLACK = 64 * 1024
 class _WsTransport(asyncio.Transport):
     """What ``MqttConnection`` uses of a transport, over one aiohttp WebSocket."""
 
+    # Its close is a WebSocket close handshake: the client reads what was sent, then its
+    # close frame is awaited (what it still sends is read and dropped), so the lingering
+    # close of TCP (flowmq_broker.lingering) is not needed.
+    closes_gracefully = True
+
     def __init__(self, ws: web.WebSocketResponse, request: web.Request) -> None:
         super().__init__()
         self._ws = ws

@@ -15,8 +15,9 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
+from flowmq_wire.mqtt import reason_codes as rc
 from flowmq_wire.mqtt.codec import MqttDecoder, encode
-from flowmq_wire.mqtt.packets import Connack, Connect
+from flowmq_wire.mqtt.packets import Connack, Connect, Disconnect, Publish, Pubrec
 from tests.fixtures.broker_process import BrokerProcess, start_broker
 from tests.fixtures.cli import flowmq_user
 from tests.fixtures.tls import make_pki
@@ -221,3 +222,19 @@ def test_wss_with_tls_configured(wss_broker, uid, v5):
     finally:
         secure.close()
         plain.close()
+
+
+def test_receive_maximum_exceeded_over_websocket_is_read(broker, uid):
+    """The WebSocket close handshake lets the client read the DISCONNECT that says why, even
+    when it sent far more than the broker read (as the lingering close does over TCP)."""
+    connect = encode(Connect(client_id=f"rm-{uid}", protocol_level=5), 5)
+    publishes = [encode(Publish(f"t/{uid}", b"x" * 64, 2, packet_id=i), 5) for i in range(1, 2049)]
+    frames: list[bytes | str] = [connect]
+    frames += [b"".join(publishes[i : i + 256]) for i in range(0, len(publishes), 256)]
+    _, got = asyncio.run(_raw_ws(broker.ports["mqtt_ws"], frames))
+    data = b"".join(m.data for m in got if m.type == aiohttp.WSMsgType.BINARY)
+    packets = MqttDecoder(server=False, protocol_level=5).feed(data)
+    receive_maximum = packets[0].properties["receive_maximum"]
+    assert sum(isinstance(p, Pubrec) for p in packets) == receive_maximum
+    assert isinstance(packets[-1], Disconnect), packets[-3:]
+    assert packets[-1].reason_code == rc.RECEIVE_MAXIMUM_EXCEEDED

@@ -153,6 +153,13 @@ class ClaimRounds:
         if consumer.buffer:
             self.give_back(list(consumer.buffer))
             consumer.buffer.clear()
+        self._forget_if_done(consumer)
+
+    def _forget_if_done(self, consumer: Consumer) -> None:
+        """A cancelled consumer is looked up by id only while a round claims for it (its
+        ``reserved``); after that, keeping it would keep its callback and all that holds."""
+        if not consumer.active and consumer.reserved <= 0 and consumer.get_future is None:
+            self._consumers.pop(consumer.cid, None)
 
     def consumer_count(self, ns: str, queue: str) -> int:
         lq = self._queues.get((ns, queue))
@@ -311,6 +318,7 @@ class ClaimRounds:
                     c.reserved -= w.n
                     if c.get_future is not None and not c.get_future.done():
                         self._gets.append(c)
+                    self._forget_if_done(c)
 
     def _settle_entry(
         self, lease: Lease, o: Ops | None, new_deadline: int | None
@@ -366,6 +374,7 @@ class ClaimRounds:
                     c = self._consumers.get(w.consumer)
                     if c is not None:
                         c.reserved -= w.n
+                        self._forget_if_done(c)
                 continue
             out.append((lq, opts, wants, len(queue_gets) == len(wants)))
         return out
@@ -411,6 +420,7 @@ class ClaimRounds:
                 handouts.append((consumer, await self._deliveries(lq, consumer, parts)))
         for consumer, deliveries in handouts:
             self._hand_out(consumer, deliveries, result)
+            self._forget_if_done(consumer)
 
     def _account_claim(
         self,

@@ -232,12 +232,15 @@ async def _produce_slowly(
         plan, missing = _plan(ctx, req)
         if missing:
             created = await ctx.tenant.topics.ensure(missing)
-            plan, _ = _plan(ctx, req)
+            plan, still_missing = _plan(ctx, req)
             for name, parts in plan:
                 result = created.get(name)
                 if isinstance(result, TopicError):
                     for part in parts:
                         part.fail(result.code, result.message)
+                elif name in still_missing:  # deleted again before this request got to it
+                    for part in parts:
+                        part.fail(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} deleted")
         unknown = _unknown_producers(ctx, plan)
         if not await _load_producers(ctx, plan, unknown, refresh=False):
             unknown = []

@@ -282,3 +282,22 @@ async def test_batched_rounds_keep_transactions_per_message_low(env) -> None:
     await env.settle()
     transactions = env.batcher.stats.flushes + env.engine.claims.rounds
     assert transactions / n <= 0.05
+
+
+async def test_cancelled_consumers_are_not_kept(env) -> None:
+    """A consumer per subscription (an MQTT session's reconnect takes its stored messages
+    through one): once cancelled, the engine must not keep it, nor what its callback holds."""
+    env.queue("q")
+    await env.publish("q", b"a", b"b")
+    first = env.consumer("q", no_ack=True)
+    await first.wait(2)
+    env.engine.cancel(first.consumer)
+    idle = env.consumer("q")
+    env.engine.cancel(idle.consumer)  # cancelled with nothing claimed for it
+    await env.settle()
+    await env.publish("q", b"c")
+    later = env.consumer("q", no_ack=True)
+    assert (await later.wait(1))[0].message.payload == b"c"
+    env.engine.cancel(later.consumer)
+    await env.settle()
+    assert env.engine.claims._consumers == {}

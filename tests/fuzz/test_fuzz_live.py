@@ -30,23 +30,7 @@ def fuzz_target(tmp_path_factory) -> Iterator[BrokerProcess]:
     broker.stop()
 
 
-@pytest.mark.parametrize(
-    "protocol",
-    [
-        "mqtt",
-        pytest.param(
-            "kafka",
-            # Null arrays (TypeError) and a cancelled Produce (InvalidStateError) log tracebacks.
-            marks=pytest.mark.xfail(strict=False, reason="fixed on branch lim-kafka"),
-        ),
-        pytest.param(
-            "amqp",
-            # Queue.Declare then an unknown method in one write: 'Task exception was never
-            # retrieved' (about 1 in 500,000 frames).
-            marks=pytest.mark.xfail(strict=False, reason="fixed on branch lim-kafka"),
-        ),
-    ],
-)
+@pytest.mark.parametrize("protocol", ["mqtt", "kafka", "amqp"])
 async def test_listener_survives_fuzzing(fuzz_target: BrokerProcess, protocol: str) -> None:
     report = await fuzz(fuzz_target, protocol, FRAMES, seed=11, batches=2)
     summary = "\n".join(report.lines())

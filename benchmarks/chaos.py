@@ -295,6 +295,7 @@ class Flow:
     """What one protocol's clients sent, had acknowledged and received."""
 
     acked: set[str] = field(default_factory=set)
+    acked_at: dict[str, float] = field(default_factory=dict)  # monotonic time of the ack
     resent: set[str] = field(default_factory=set)
     received: Counter = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -303,6 +304,7 @@ class Flow:
     def ack(self, ident: str) -> None:
         with self.lock:
             self.acked.add(ident)
+            self.acked_at[ident] = time.monotonic()
 
     def got(self, ident: str) -> None:
         with self.lock:
@@ -455,6 +457,7 @@ class MqttPublisherLoad(Worker):
         self.flow = flow
         self.topic = topic
         self.level = level
+        self.window = MQTT_WINDOW
         self.inflight: dict[int, str] = {}
         self.lock = threading.Lock()
         self.retry: list[str] = []
@@ -480,7 +483,7 @@ class MqttPublisherLoad(Worker):
             protocol=mqtt.MQTTv5 if v5 else mqtt.MQTTv311,
         )
         client.on_publish = self.on_publish
-        client.max_inflight_messages_set(MQTT_WINDOW)
+        client.max_inflight_messages_set(self.window)
         client.reconnect_delay_set(0.2, 1)
         client.enable_logger(quiet)
         _connect_until(client, self.node, self.stop_event)
@@ -489,7 +492,7 @@ class MqttPublisherLoad(Worker):
         try:
             while not self.stop_event.is_set():
                 with self.lock:
-                    if len(self.inflight) >= 2 * MQTT_WINDOW:
+                    if len(self.inflight) >= 2 * self.window:
                         ident = None
                     elif self.retry:
                         ident = self.retry.pop()
@@ -526,6 +529,7 @@ class MqttSubscriberLoad(Worker):
         self.topic_filter = topic_filter
         self.level = level
         self.client: mqtt.Client | None = None
+        self.subscribed = False
 
     def run(self) -> None:
         v5 = self.level == 5
@@ -544,8 +548,12 @@ class MqttSubscriberLoad(Worker):
             self.flow.got(message.payload.decode())
             self.progressed()
 
+        def on_subscribe(client, userdata, mid, reason_codes, properties) -> None:  # noqa: ANN001
+            self.subscribed = True
+
         client.on_connect = on_connect
         client.on_message = on_message
+        client.on_subscribe = on_subscribe
         client.reconnect_delay_set(0.2, 1)
         client.enable_logger(quiet)
         options: dict[str, Any] = {}
@@ -685,13 +693,22 @@ def _close_quietly(channel: Any) -> None:
 # --- faults ----------------------------------------------------------------------------------
 
 
+KINDS = ("kill", "pause", "objects")
+
+
 class Faults(threading.Thread):
     """``count`` faults spread over ``seconds``, kinds in turn, nodes at random."""
 
-    KINDS = ("kill", "pause", "objects")
-
-    def __init__(self, cluster: ChaosCluster, count: int, seconds: float, rng: random.Random):
+    def __init__(
+        self,
+        cluster: ChaosCluster,
+        count: int,
+        seconds: float,
+        rng: random.Random,
+        kinds: tuple[str, ...] = KINDS,
+    ):
         super().__init__(name="faults", daemon=True)
+        self.kinds = kinds
         self.cluster = cluster
         self.count = count
         self.interval = seconds / max(1, count)
@@ -705,7 +722,7 @@ class Faults(threading.Thread):
             for i in range(self.count):
                 due = self.started_at + (i + 0.5) * self.interval
                 time.sleep(max(0.0, due - time.monotonic()))
-                self.inject(self.KINDS[i % len(self.KINDS)])
+                self.inject(self.kinds[i % len(self.kinds)])
         except BaseException as exc:  # reported by the runner
             self.error = exc
 
@@ -774,7 +791,7 @@ def _drain(flows: dict[str, tuple[Flow, list[Worker]]], quiet_s: float, limit_s:
 
 def run(
     faults: int, seconds: float, objects: str = "file", seed: int | None = None,
-    workdir: Path | None = None,
+    workdir: Path | None = None, kinds: tuple[str, ...] = KINDS,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the harness; returns the report (see ``check``)."""
     seed = seed if seed is not None else random.randrange(1 << 30)
@@ -816,7 +833,7 @@ def run(
         time.sleep(2.0)  # sessions and group settled before the first message
         for worker in publishers:
             worker.start()
-        schedule = Faults(cluster, faults, seconds, rng)
+        schedule = Faults(cluster, faults, seconds, rng, kinds)
         schedule.start()
         schedule.join()
         if schedule.error is not None:
@@ -844,7 +861,14 @@ def run(
         if workdir is not None:
             (root / "brokers.log").write_text(cluster.output())
         report = check(
-            cluster, kafka, mqtt_pubs, mqtt_subs, amqp, backwards, [*subscribers, *consumers]
+            cluster,
+            kafka,
+            mqtt_pubs,
+            mqtt_subs,
+            amqp,
+            backwards,
+            [*subscribers, *consumers],
+            schedule.started_at,
         )
         report.update(
             seed=seed,
@@ -898,13 +922,15 @@ def _wait_cluster(cluster: ChaosCluster, timeout: float = 30.0) -> None:
             time.sleep(0.2)
 
 
-def _flow_report(flow: Flow, stored: Counter | None = None) -> dict[str, Any]:
+def _flow_report(flow: Flow, t0: float, stored: Counter | None = None) -> dict[str, Any]:
     received = set(flow.received)
     held = received | set(stored or ())
+    missing = sorted(flow.acked - held, key=lambda ident: flow.acked_at[ident])
     return {
         "acknowledged": len(flow.acked),
         "received": len(received),
-        "missing": sorted(flow.acked - held)[:50],
+        # what is missing, with when it was acknowledged (s into the fault schedule)
+        "missing": [f"{m} @{flow.acked_at[m] - t0:.1f}s" for m in missing[:50]],
         "lost": len(flow.acked - held),
         "duplicates_received": sum(n - 1 for n in flow.received.values() if n > 1),
         "not_delivered_but_stored": len((flow.acked & set(stored or ())) - received),
@@ -920,10 +946,11 @@ def check(
     amqp: Flow,
     backwards: list[str],
     consumers: list[Worker],
+    t0: float,
 ) -> dict[str, Any]:
     kafka_log = read_stream(cluster, KAFKA_STREAM, KAFKA_PARTITIONS)
     mqtt_log = read_stream(cluster, MQTT_STREAM, 1)
-    kafka_report = _flow_report(kafka, kafka_log)
+    kafka_report = _flow_report(kafka, t0, kafka_log)
     kafka_report["lost_from_log"] = len(kafka.acked - set(kafka_log))
     # The idempotent producer writes each record once; only one produced again after a
     # failed delivery may be in the log twice.
@@ -937,13 +964,13 @@ def check(
             "lost": len(mqtt_pubs.acked - set(mqtt_log)),
             "missing": sorted(mqtt_pubs.acked - set(mqtt_log))[:50],
         },
-        "subscribers": {name: _flow_report(flow) for name, flow in mqtt_subs.items()},
+        "subscribers": {name: _flow_report(flow, t0) for name, flow in mqtt_subs.items()},
         "client_errors": dict(mqtt_pubs.errors),
     }
     mqtt_report["lost"] = mqtt_report["stream"]["lost"] + sum(
         s["lost"] for s in mqtt_report["subscribers"].values()
     )
-    amqp_report = _flow_report(amqp)
+    amqp_report = _flow_report(amqp, t0)
     now = time.monotonic()
     stuck = [
         w.name
@@ -1010,12 +1037,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=600.0, help="length of the fault schedule")
     ap.add_argument("--objects", choices=["file", "s3"], default="file")
     ap.add_argument("--seed", type=int)
+    ap.add_argument(
+        "--kinds", default=",".join(KINDS), help="fault kinds taken in turn (default: all)"
+    )
     ap.add_argument("--keep", type=Path, help="work directory to keep (logs, data)")
     ap.add_argument("--json", type=Path, help="write the full report here")
     args = ap.parse_args(argv)
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
-    report = run(args.faults, args.seconds, args.objects, args.seed, args.keep)
+    kinds = tuple(args.kinds.split(","))
+    report = run(args.faults, args.seconds, args.objects, args.seed, args.keep, kinds)
     print(summary(report))
     for line in report["warnings"]:
         print("  broker:", line)

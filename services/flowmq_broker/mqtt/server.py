@@ -143,6 +143,7 @@ class MqttServer:
             cluster.handlers["mqtt.retain"] = self._on_retained
             self.retained.on_change = self._retained_changed
             cluster.on_node_dead.append(self.restore_sessions)
+            cluster.on_fenced.append(self._fenced)
             cluster.on_links_blocked = self._links_blocked
             cluster.on_links_free = self._links_free
         self._server, bound = await listen(lambda: MqttConnection(self), port, self.host)
@@ -386,6 +387,15 @@ class MqttServer:
 
         return when_stored()
 
+    def _fenced(self) -> None:
+        """The cluster declared this node dead (it was paused or cut off) and another node
+        adopted its sessions: end them here, so that their clients reconnect and take them
+        over from there (the records are that node's now)."""
+        for session in list(self.sessions.values()):
+            if session.connection is not None:
+                session.connection.take_over()
+            self.discard_session(session, forget=False, redistribute=False)
+
     def _retained_changed(self, namespace: str, message: Message) -> None:
         cluster = self.cluster
         if cluster is not None and cluster.has_peers:
@@ -524,6 +534,9 @@ class MqttServer:
         connection = session.connection
         if connection is not None:
             connection.send_message(message, qos, retain, identifiers, shared)
+            if qos > 0 and self.offline is not None and session.persistent():
+                # Durable before the publisher's acknowledgement, online or not (offline.py).
+                return self.offline.keep(session, message, qos, retain, identifiers)
         elif qos > 0 and session.persistent():
             if self.offline is not None:
                 return self.offline.store(session, message, qos, retain, identifiers)

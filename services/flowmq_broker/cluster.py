@@ -57,6 +57,9 @@ FORWARD_CONFIRM_TIMEOUT_S = 5.0
 # declared so must not hold subscribers up for longer; anti-entropy repairs what it missed.
 ROUTE_ACK_TIMEOUT_S = 1.0
 SHARE_PREFIX = "$share/"
+# How long a restarted node keeps its previous process's routes while its adapters restore
+# the persistent sessions they were for.
+RESTORE_GRACE_S = 10.0
 
 
 class NotStored(FlowMQError):
@@ -176,21 +179,32 @@ class ClusterRouting:
 
     # --- life cycle ---------------------------------------------------------------------------
     async def start(self, port: int, router: Router) -> int:
-        """Listen for peers and start this node's routes afresh (a restart's old ones go);
-        deliver what peers forward through ``router``."""
+        """Listen for peers and start this node's routes afresh; deliver what peers forward
+        through ``router``.  A restart's old routes stay for ``RESTORE_GRACE_S``: the
+        persistent sessions they were for are being restored here (until then a forward
+        for them is refused, not lost), and those not restored by then go."""
         self.router = router
         bound = await self.links.start(port=port)
         begin, end = keys.ROUTES.range(self.node_id)
         version_key = keys.ROUTE_VERSIONS.pack(self.node_id)
 
-        def reset(tr: Any) -> None:
-            tr.clear_range(begin, end)
+        def reset(tr: Any) -> list[tuple[bytes, bytes]]:
             tr.set(version_key, json.dumps({"token": self.token, "seq": 0}).encode())
+            return tr.get_range(begin, end)
 
-        await self.meta.transact(reset)
+        previous = await self.meta.transact(reset)
+        if previous:
+            stale = [tuple(keys.ROUTES.unpack(key)[1:]) for key, _ in previous]
+            asyncio.get_running_loop().call_later(RESTORE_GRACE_S, self._drop_stale, stale)
         await self.anti_entropy()
         self._poll.start()
         return bound
+
+    def _drop_stale(self, routes: list[tuple[str, str]]) -> None:
+        """Remove the routes of this node's previous process that nothing here took up."""
+        for key in routes:
+            if key not in self._local and key not in self._dirty:
+                self._changed(key, False)  # type: ignore[arg-type]
 
     async def stop(self) -> None:
         """Leave: take this node's routes out of the meta store so nobody forwards here."""
@@ -232,9 +246,12 @@ class ClusterRouting:
             asyncio.get_running_loop().create_task(self._clear_dead(node, token))
 
     def _peer_lost(self, node: str) -> None:
-        """No answer will come from ``node`` to what was sent so far."""
+        """No answer will come from ``node`` to what was sent so far; if it restarted, the
+        routes we hold are its previous process's: read them afresh."""
         for request in list(self._pending.values()):
             request.fail(node)
+        if node in self._live:
+            self._reload_soon(node)
 
     def _forget_dead(self, node: str) -> None:
         if node in self._dead:
@@ -641,31 +658,47 @@ class ClusterRouting:
 
     def _on_forward(self, link: Link, frame: list[Any]) -> None:
         _, namespace, data, plain, groups = frame
-        self._deliver(link, namespace, data, plain, groups)
+        self._deliver(link, namespace, decode_message(data), plain, groups)
 
     def _on_confirmed_forward(self, args: list[Any]) -> Any:
-        """A QoS 1/2 forward: answered once what it went to is stored (else at once)."""
+        """A QoS 1/2 forward: answered once what it went to is stored (else at once).  One
+        that matches no subscriber here was sent along routes this process does not hold
+        (it just restarted, or they just went): refused, so that the sender refuses its
+        publisher, which sends it again along the routes of now."""
         namespace, data, plain, groups = args
-        stored = self._deliver(self._answering, namespace, data, plain, groups)
+        message = decode_message(data)
+        if not self._holds(namespace, message.topic, plain, groups):
+            return False
+        stored = self._deliver(self._answering, namespace, message, plain, groups)
         if not stored:
             return True
 
         async def when_stored() -> bool:
             try:
                 await asyncio.gather(*stored)
-            except Exception:
-                log.exception("a forwarded message could not be stored")
+            except Exception as exc:
+                log.warning("a forwarded message could not be stored: %s", exc)
                 return False
             return True
 
         return when_stored()
 
+    def _holds(self, namespace: str, topic: str, plain: bool, groups: list[str]) -> bool:
+        """Whether a subscriber here matches what a forward was sent for."""
+        router = self.router
+        for binding in router.match(namespace, topic):
+            if router.is_durable(binding):
+                continue
+            if binding.name in groups if router.is_one_member(binding) else plain:
+                return True
+        return False
+
     def _deliver(
-        self, link: Link | None, namespace: str, data: bytes, plain: bool, groups: list[str]
+        self, link: Link | None, namespace: str, message: Message, plain: bool, groups: list[str]
     ) -> list[Any]:
         self.receiving = link
         try:
-            return self.router.deliver_forwarded(namespace, decode_message(data), plain, groups)
+            return self.router.deliver_forwarded(namespace, message, plain, groups)
         finally:
             self.receiving = None
 

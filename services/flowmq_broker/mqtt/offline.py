@@ -58,8 +58,8 @@ class OfflineStore:
         # Sessions with copies stored since their last purge, and how many.
         self._copies: weakref.WeakKeyDictionary[Session, int] = weakref.WeakKeyDictionary()
         self._purging: dict[Session, asyncio.Future[None]] = {}
-        # The last stored message each session took (those up to it are in its memory).
-        self._taken: weakref.WeakKeyDictionary[Session, int] = weakref.WeakKeyDictionary()
+        # The stored messages (seqs) each session holds in memory: copies and those taken.
+        self._held: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()
         self._trim_scheduled = False
 
     def store(
@@ -97,17 +97,28 @@ class OfflineStore:
         self._watch(session, copies + 1)
         purging = self._purging.get(session)
         if purging is None:
-            return self._enqueue(session, message, qos, retain, identifiers)
+            return self._copy(session, message, qos, retain, identifiers)
         later: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
         def after_purge(_: Any) -> None:
-            stored = self._enqueue(session, message, qos, retain, identifiers)
+            stored = self._copy(session, message, qos, retain, identifiers)
             stored.add_done_callback(functools.partial(_copy_outcome, later))
 
         purging.add_done_callback(after_purge)
         session.pending_stores.add(later)
         later.add_done_callback(session.pending_stores.discard)
         return later
+
+    def _copy(
+        self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
+    ) -> asyncio.Future[Any]:
+        stored = self._enqueue(session, message, qos, retain, identifiers)
+        stored.add_done_callback(functools.partial(self._held_stored, session))
+        return stored
+
+    def _held_stored(self, session: Session, stored: asyncio.Future[Any]) -> None:
+        if not stored.cancelled() and stored.exception() is None:
+            self._held.setdefault(session, set()).add(stored.result().seq)
 
     def _watch(self, session: Session, copies: int) -> None:
         """``session`` has messages in its queue that its client holds: purge when idle."""
@@ -131,12 +142,13 @@ class OfflineStore:
                 continue
             if session in self._purging:
                 continue
-            del self._copies[session]
             done = asyncio.get_running_loop().create_future()
             self._purging[session] = done
             try:
-                await self.engine.purge(session.namespace, session_queue_name(session.client_id))
-                self._taken.pop(session, None)
+                if await self._purge_if_all_held(session):
+                    del self._copies[session]
+                else:
+                    busy = True
             except Exception:  # the copies stay: sent again if the session moves, not lost
                 log.warning("mqtt %s: could not drop acknowledged copies", session.client_id)
             finally:
@@ -147,6 +159,26 @@ class OfflineStore:
             self._trim_scheduled = True
             delay = BUSY_RETRY_S if busy else TRIM_INTERVAL_S
             asyncio.get_running_loop().call_later(delay, self._trim_soon)
+
+    async def _purge_if_all_held(self, session: Session) -> bool:
+        """Purge the idle ``session``'s queue if it holds only what this session had (and
+        its client acknowledged); True if purged.  Messages another node stored meanwhile (a
+        session moving between nodes) are sent to the client first, purged next time."""
+        namespace, name = session.namespace, session_queue_name(session.client_id)
+        held = self._held.get(session, set())
+        if await self.engine.ready_count(namespace, name) > len(held):
+            rows = await self.engine.peek(namespace, name, MAX_TAKEN)
+            connection = session.connection
+            for seq, _, message in rows:
+                if seq not in held and connection is not None:
+                    message, qos, retain, extra = _queued_item(message)
+                    connection.send_message(message, qos, retain, extra["subscription_identifier"])
+                    held.add(seq)
+            self._held[session] = held
+            return False
+        await self.engine.purge(namespace, name)
+        self._held.pop(session, None)
+        return True
 
     async def take(self, session: Session) -> list[QueuedItem]:
         """What is stored for ``session`` and not taken before, oldest first.  It stays
@@ -162,11 +194,11 @@ class OfflineStore:
                 "mqtt %s: %d stored messages taken, more left", session.client_id, MAX_TAKEN
             )
             session.stored = True
-        after = self._taken.get(session, -1)
-        fresh = [(seq, message) for seq, _, message in rows if seq > after]
+        held = self._held.setdefault(session, set())
+        fresh = [(seq, message) for seq, _, message in rows if seq not in held]
         if not fresh:
             return []
-        self._taken[session] = max(seq for seq, _ in fresh)
+        held.update(seq for seq, _ in fresh)
         self._watch(session, self._copies.get(session, 0))
         return [_queued_item(message) for _, message in fresh]
 

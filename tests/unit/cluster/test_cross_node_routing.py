@@ -306,3 +306,14 @@ async def test_frames_queued_for_a_peer_that_restarted_are_dropped_not_delivered
     finally:
         await client.stop()
         await second.stop()
+
+
+async def test_a_qos1_forward_matching_no_subscriber_at_the_receiver_is_refused(nodes):
+    """Routes the receiver no longer holds (it restarted, or the subscriber just left): not
+    confirmed as if delivered; the publisher is refused and sends it again."""
+    a, b, _, _ = nodes
+    await routed(b.subscribe("b1", "r/#"))
+    b.router.unbind(Binding("subscription", "default", "b1"), "r/#")  # a still routes to b
+    _, pending = a.router.dispatch("default", Message("r/1", b"x", qos=1))
+    with pytest.raises(NotStored):
+        await asyncio.wait_for(pending[0], 5)

@@ -171,6 +171,7 @@ class S3Objects:
             "NO_PROXY": "127.0.0.1,localhost",
         }
         os.environ.update(self.env)
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per S3 request
         self._server_class = ThreadedMotoServer
         self.port = _free_port()
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
@@ -1016,7 +1017,8 @@ def summary(report: dict[str, Any]) -> str:
         f"{len(report['faults'])} faults {dict(Counter(f['kind'] for f in report['faults']))} "
         f"in {report['wall_s']} s, objects={report['objects']}, seed={report['seed']}",
         f"kafka: {report['kafka']['acknowledged']} acknowledged, lost {report['kafka']['lost']} "
-        f"(log {report['kafka']['lost_from_log']}), consumer duplicates "
+        f"(log {report['kafka']['lost_from_log']}), log duplicates of records produced once "
+        f"{report['kafka']['log_duplicates_not_resent']}, consumer duplicates "
         f"{report['kafka']['duplicates_received']}, offsets backwards "
         f"{len(report['kafka']['offsets_backwards'])}",
         f"mqtt: {mqtt['acknowledged']} acknowledged, lost {mqtt['lost']} (stream "

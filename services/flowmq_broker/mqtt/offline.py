@@ -142,18 +142,15 @@ class OfflineStore:
                 continue
             if session in self._purging:
                 continue
-            done = asyncio.get_running_loop().create_future()
-            self._purging[session] = done
             try:
                 if await self._purge_if_all_held(session):
-                    del self._copies[session]
+                    self._copies.pop(session, None)
                 else:
                     busy = True
-            except Exception:  # the copies stay: sent again if the session moves, not lost
-                log.warning("mqtt %s: could not drop acknowledged copies", session.client_id)
-            finally:
-                del self._purging[session]
-                done.set_result(None)
+            except Exception as exc:  # the copies stay: sent again if it moves, not lost
+                log.warning(
+                    "mqtt %s: could not drop acknowledged copies: %s", session.client_id, exc
+                )
         if len(self._copies) and not self._trim_scheduled:
             # A session busy now is idle between two messages: look again soon.
             self._trim_scheduled = True
@@ -165,20 +162,28 @@ class OfflineStore:
         its client acknowledged); True if purged.  Messages another node stored meanwhile (a
         session moving between nodes) are sent to the client first, purged next time."""
         namespace, name = session.namespace, session_queue_name(session.client_id)
-        held = self._held.get(session, set())
-        if await self.engine.ready_count(namespace, name) > len(held):
-            rows = await self.engine.peek(namespace, name, MAX_TAKEN)
-            connection = session.connection
-            for seq, _, message in rows:
-                if seq not in held and connection is not None:
-                    message, qos, retain, extra = _queued_item(message)
-                    connection.send_message(message, qos, retain, extra["subscription_identifier"])
-                    held.add(seq)
-            self._held[session] = held
-            return False
-        await self.engine.purge(namespace, name)
-        self._held.pop(session, None)
-        return True
+        # Copies made from here on wait for the purge (two meta-store transactions).
+        done = asyncio.get_running_loop().create_future()
+        self._purging[session] = done
+        try:
+            held = self._held.get(session, set())
+            foreign = await self.engine.ready_count(namespace, name) > len(held)
+            if not foreign:
+                await self.engine.purge(namespace, name)
+                self._held.pop(session, None)
+                return True
+        finally:
+            del self._purging[session]
+            done.set_result(None)
+        rows = await asyncio.wait_for(self.engine.peek(namespace, name, MAX_TAKEN), TAKE_TIMEOUT_S)
+        connection = session.connection
+        for seq, _, message in rows:
+            if seq not in held and connection is not None:
+                message, qos, retain, extra = _queued_item(message)
+                connection.send_message(message, qos, retain, extra["subscription_identifier"])
+                held.add(seq)
+        self._held[session] = held
+        return False
 
     async def take(self, session: Session) -> list[QueuedItem]:
         """What is stored for ``session`` and not taken before, oldest first.  It stays
@@ -188,7 +193,11 @@ class OfflineStore:
             await asyncio.wait(list(session.pending_stores), timeout=TAKE_TIMEOUT_S)
         session.stored = False
         name = session_queue_name(session.client_id)
-        rows = await self.engine.peek(session.namespace, name, MAX_TAKEN)
+        # A store that does not answer (an outage) fails the take; what is stored is then
+        # sent once the session is idle (``_purge_if_all_held``) or at the next connect.
+        rows = await asyncio.wait_for(
+            self.engine.peek(session.namespace, name, MAX_TAKEN), TAKE_TIMEOUT_S
+        )
         if len(rows) >= MAX_TAKEN:
             log.warning(
                 "mqtt %s: %d stored messages taken, more left", session.client_id, MAX_TAKEN

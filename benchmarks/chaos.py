@@ -836,7 +836,11 @@ def run(
             worker.start()
         schedule = Faults(cluster, faults, seconds, rng, kinds)
         schedule.start()
-        schedule.join()
+        while schedule.is_alive():  # progress: acknowledged so far per flow
+            schedule.join(10.0)
+            counts = {name: len(flow.acked) for name, flow in mqtt_subs.items()}
+            print(f"acknowledged: kafka {len(kafka.acked)}, mqtt {counts}, amqp "
+                  f"{len(amqp.acked)}", flush=True)  # fmt: skip
         if schedule.error is not None:
             raise schedule.error
         time.sleep(2.0)  # load after the last fault

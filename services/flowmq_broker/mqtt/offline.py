@@ -205,9 +205,9 @@ class OfflineStore:
             session.stored = True
         held = self._held.setdefault(session, set())
         fresh = [(seq, message) for seq, _, message in rows if seq not in held]
-        if not fresh:
-            return []
         held.update(seq for seq, _ in fresh)
+        # Looked at again once idle, even if nothing was here: a store still on its way
+        # (from the node the session came from) is sent then (``_purge_if_all_held``).
         self._watch(session, self._copies.get(session, 0))
         return [_queued_item(message) for _, message in fresh]
 

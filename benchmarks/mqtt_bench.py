@@ -385,6 +385,7 @@ def run_load(broker: Broker, load: Load, args: argparse.Namespace, tag: str, wor
                 latency=load.paced,
                 nap=args.sub_nap,
                 cafile=broker.cafile,
+                persistent=args.persistent,
             )
             sub_specs[name] = (c, spec)
             procs.append(ctx.Process(target=lg.subscriber, args=(spec, go, go_time, exp, out)))
@@ -645,6 +646,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--msg-size", type=int, default=100, help="payload bytes (default 100)")
     ap.add_argument("--rate", type=float, default=20000, help="msg/s of the latency loads")
     ap.add_argument("--window", type=int, default=256, help="QoS 1 unacked PUBLISH per publisher")
+    ap.add_argument(
+        "--persistent",
+        action="store_true",
+        help="subscribers with persistent sessions (clean session 0): QoS 1/2 is stored first",
+    )
     ap.add_argument("--fanin", type=int, default=4, help="publishers of the fan-in load")
     ap.add_argument("--fanout", type=int, default=10, help="subscribers of the fan-out load")
     ap.add_argument(

@@ -93,6 +93,7 @@ class SubSpec:
     nap: float = 0.0005  # QoS 0 counting: sleep this long after a read smaller than SMALL_READ
     host: str = "127.0.0.1"
     cafile: str = ""  # TLS, trusting this CA; "" = plain TCP
+    persistent: bool = False  # clean session 0: a persistent session (its messages stored)
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -132,13 +133,17 @@ def connect(
     host: str = "127.0.0.1",
     timeout: float = READY_TIMEOUT_S,
     cafile: str = "",
+    clean_start: bool = True,
 ) -> socket.socket:
     sock = socket.create_connection((host, port), timeout=timeout)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if cafile:
         sock = ssl.create_default_context(cafile=cafile).wrap_socket(sock, server_hostname=host)
     connack = _handshake(
-        sock, encode(Connect(client_id, clean_start=True, keep_alive=0), LEVEL), Connack, "CONNECT"
+        sock,
+        encode(Connect(client_id, clean_start=clean_start, keep_alive=0), LEVEL),
+        Connack,
+        "CONNECT",
     )
     if connack.reason_code != 0:
         raise ConnectionError(f"CONNACK refused {client_id}: {connack.reason_code}")
@@ -412,7 +417,9 @@ def subscriber(spec: SubSpec, go, go_time, expected, out) -> None:
     socks: list[socket.socket] = []
     try:
         for cid in spec.client_ids:
-            sock = connect(spec.port, cid, spec.host, cafile=spec.cafile)
+            sock = connect(
+                spec.port, cid, spec.host, cafile=spec.cafile, clean_start=not spec.persistent
+            )
             socks.append(sock)
             subscribe(sock, spec.topic_filter, spec.qos)
         out.put(("ready", spec.name, None))

@@ -16,12 +16,21 @@ only links whose handshake completed; a connection that fails the handshake, sen
 else first, or does not finish it within ``HANDSHAKE_TIMEOUT_S`` is closed and counted.  After
 the handshake a frame costs what it cost before: the connection is what was authenticated.
 Without a secret (loopback only) each side just says hello with its node id.
+
+Incarnations: each process has a random incarnation id, and the first frame either side sends
+once the handshake is done names it.  A link is ready only once the peer's is known.  Frames
+queued for a peer while it was unreachable go to the next connection only if that is the same
+process: when the peer restarted meanwhile they are dropped and ``Links.on_peer_lost`` says so
+(their senders fail what waited for an answer), never delivered to a process that did not
+exist when they were sent.  The same callback reports every lost outbound connection: an
+answer to a request sent on it can no longer come.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -49,6 +58,7 @@ MAX_BUFFER_BYTES = 64 * 1024 * 1024
 # Past this much unsent data the link says it is blocked (senders should slow down).
 WRITE_HIGH_WATER = 1024 * 1024
 _HELLO = "hello"
+_INCARNATION = "incarnation"
 # A connection must complete the handshake this fast, in at most this many bytes.
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_HANDSHAKE_BYTES = 4096
@@ -73,9 +83,12 @@ class Link(asyncio.Protocol):
         role: str = ACCEPTOR,
         secret: ClusterSecret | None = None,
         failures: FailureLog | None = None,
+        incarnation: str = "",
     ):
         self.node_id = node_id
         self.peer = ""
+        self.incarnation = incarnation  # this process's
+        self.peer_incarnation: str | None = None  # the peer process's, once it said it
         self.address = "?"  # the peer's IP address, for the failure log
         self.on_frame = on_frame
         self.on_lost = on_lost
@@ -132,6 +145,9 @@ class Link(asyncio.Protocol):
                 if not self._authenticate():
                     return
             for frame in self._unpacker:
+                if self.peer_incarnation is None:
+                    self._on_incarnation(frame)
+                    continue
                 self.on_frame(self, frame)
         except AuthFailure as exc:
             self._fail(str(exc))
@@ -190,10 +206,17 @@ class Link(asyncio.Protocol):
 
     def _allow_sending(self) -> None:
         self._may_send = True
-        if not self.ready.done():
-            self.ready.set_result(True)
+        self._write_now([_INCARNATION, self.incarnation])  # before any other frame of ours
         if self._out:
             self.flush()
+
+    def _on_incarnation(self, frame: Any) -> None:
+        """The peer's first frame after the handshake: which process it is."""
+        if not (isinstance(frame, list) and len(frame) == 2 and frame[0] == _INCARNATION):
+            raise ValueError("a link whose first frame does not name the peer's incarnation")
+        self.peer_incarnation = str(frame[1])
+        if not self.ready.done():
+            self.ready.set_result(True)
 
     def _write_now(self, frame: Any) -> None:
         if self.transport is not None:
@@ -241,6 +264,7 @@ class _Peer:
         self.link: Link | None = None
         self.backlog: list[Any] = []
         self.connecting: asyncio.Task[None] | None = None
+        self.incarnation: str | None = None  # the process the last link reached
 
 
 class Links:
@@ -256,12 +280,16 @@ class Links:
     ) -> None:
         check_bind(host, secret)
         self.node_id = node_id
+        self.incarnation = secrets.token_hex(8)
         self.on_frame = on_frame
         self.host = host  # the address the listener binds
         self.secret = secret
         self.auth_failures = FailureLog("link")  # .count: connections rejected
         # Called when a link to a peer becomes blocked (True) or takes data again (False).
         self.on_blocked: Callable[[Link, bool], None] | None = None
+        # Called with a peer's node id when frames sent to it will get no answer: the outbound
+        # link to it was lost, or it restarted and what was queued for it was dropped.
+        self.on_peer_lost: Callable[[str], None] | None = None
         self._peers: dict[str, _Peer] = {}
         self._inbound: set[Link] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -280,6 +308,7 @@ class Links:
             role=role,
             secret=self.secret,
             failures=self.auth_failures,
+            incarnation=self.incarnation,
         )
 
     def _accept(self) -> Link:
@@ -343,7 +372,8 @@ class Links:
             while not self._closed and self._peers.get(node_id) is peer:
                 try:
                     _, link = await loop.create_connection(
-                        lambda: self._link(partial(self._lost, peer), INITIATOR), *peer.addr
+                        lambda: self._link(partial(self._lost, node_id, peer), INITIATOR),
+                        *peer.addr,
                     )
                 except OSError as exc:
                     log.debug("link to %s at %s: %s", node_id, peer.addr, exc)
@@ -360,15 +390,24 @@ class Links:
                 link.on_blocked = self.on_blocked
                 peer.link = link
                 backlog, peer.backlog = peer.backlog, []
+                restarted = peer.incarnation not in (None, link.peer_incarnation)
+                peer.incarnation = link.peer_incarnation
+                if restarted:  # what was queued was for the process that is gone
+                    log.info("%s restarted: %d queued frames dropped", node_id, len(backlog))
+                    if self.on_peer_lost is not None:
+                        self.on_peer_lost(node_id)
+                    return
                 for frame in backlog:
                     link.send(frame)
                 return
         finally:
             peer.connecting = None
 
-    def _lost(self, peer: _Peer, link: Link) -> None:
+    def _lost(self, node_id: str, peer: _Peer, link: Link) -> None:
         if peer.link is link:
             peer.link = None
+            if self.on_peer_lost is not None and not self._closed:
+                self.on_peer_lost(node_id)
         if link.blocked:
             link.blocked = False
             if self.on_blocked is not None:

@@ -9,8 +9,18 @@ every second that it applied every peer's latest version (anti-entropy).
 A published message goes to each remote node with a matching route once, whatever the number
 of subscribers there; that node fans it out to its own subscribers.  A shared subscription
 group spread over several nodes gets each message on one of them (round robin over nodes).
-When a node dies, every broker forgets its routes and one survivor clears them from the meta
-store.
+When a node dies, one survivor adopts what it left (its MQTT sessions, with their routes) and
+then clears its routes from the meta store; until then every broker keeps the dead node's
+routes and refuses a QoS 1/2 message that matches one (the publisher sends it again), so that
+no message for a persistent session is acknowledged while no node holds that session.
+
+A QoS 1/2 message forwarded to another node is acknowledged to its publisher only once every
+receiving node confirmed it (delivered to its connected subscribers, stored for the offline
+ones).  A receiver that dies, restarts, loses its link or does not answer in time fails the
+forward (``NotStored``): the publisher is refused and sends it again; nothing is acknowledged
+on a guess.  A node that finds its own routes cleared was declared dead by the others (a
+pause, a partition): its sessions were adopted elsewhere, so it ends them here (``on_fenced``)
+and announces its routes afresh.
 """
 
 from __future__ import annotations
@@ -47,6 +57,9 @@ FORWARD_CONFIRM_TIMEOUT_S = 5.0
 # declared so must not hold subscribers up for longer; anti-entropy repairs what it missed.
 ROUTE_ACK_TIMEOUT_S = 1.0
 SHARE_PREFIX = "$share/"
+# How long a restarted node keeps its previous process's routes while its adapters restore
+# the persistent sessions they were for.
+RESTORE_GRACE_S = 10.0
 
 
 class NotStored(FlowMQError):
@@ -61,10 +74,11 @@ RequestHandler = Callable[[list[Any]], Any]
 
 
 class _Request:
-    """Replies awaited from peers for one request."""
+    """Replies awaited from peers for one request; ``failed``: the peers that will not answer."""
 
-    def __init__(self, peers: set[str]) -> None:
+    def __init__(self, peers: set[str], failed: set[str] | None = None) -> None:
         self.waiting = peers
+        self.failed: set[str] = failed or set()
         self.replies: list[Any] = []
         loop = asyncio.get_running_loop()
         self.done: asyncio.Future[None] = loop.create_future()
@@ -74,6 +88,12 @@ class _Request:
         if peer in self.waiting:
             self.waiting.discard(peer)
             self.replies.append(value)
+        self.check()
+
+    def fail(self, peer: str) -> None:
+        if peer in self.waiting:
+            self.waiting.discard(peer)
+            self.failed.add(peer)
         self.check()
 
     def check(self) -> None:
@@ -118,6 +138,7 @@ class ClusterRouting:
         # The link listener binds ``bind``; with a secret every link is authenticated first.
         self.links = Links(node_id, self._on_frame, host=bind, secret=secret)
         self.links.on_blocked = self._link_blocked
+        self.links.on_peer_lost = self._peer_lost
         # Flow control (the MQTT adapter sets these): a forward just went into a blocked
         # link — slow the publisher down; no link is blocked any more — let it go.  (A
         # forwarded message is delivered with the link it came in on as its source.)
@@ -144,30 +165,45 @@ class ClusterRouting:
         self.remote: dict[str, RouteTrie[RemoteRoute]] = {}
         self._node_routes: dict[str, set[tuple[str, str]]] = {}
         self._applied: dict[str, tuple[str, int]] = {}  # node -> (token, seq)
+        # Dead nodes whose routes are kept (and refused) until cleared: node -> token or None
+        self._dead: dict[str, str | None] = {}
         self._reloading: dict[str, asyncio.Task[None]] = {}
         self._live: dict[str, tuple[str, int]] = {}  # node -> link address
         self._turn = itertools.count()
         self._poll = PeriodicTask("route-anti-entropy", ANTI_ENTROPY_S, self.anti_entropy)
         # What else the survivor that cleans up after a dead node takes over (MQTT sessions).
         self.on_node_dead: list[Callable[[str], Awaitable[Any]]] = []
+        # Called when this node finds it was declared dead and its sessions adopted elsewhere.
+        self.on_fenced: list[Callable[[], None]] = []
 
     # --- life cycle ---------------------------------------------------------------------------
     async def start(self, port: int, router: Router) -> int:
-        """Listen for peers and start this node's routes afresh (a restart's old ones go);
-        deliver what peers forward through ``router``."""
+        """Listen for peers and start this node's routes afresh; deliver what peers forward
+        through ``router``.  A restart's old routes stay for ``RESTORE_GRACE_S``: the
+        persistent sessions they were for are being restored here (until then a forward
+        for them is refused, not lost), and those not restored by then go."""
         self.router = router
         bound = await self.links.start(port=port)
         begin, end = keys.ROUTES.range(self.node_id)
         version_key = keys.ROUTE_VERSIONS.pack(self.node_id)
 
-        def reset(tr: Any) -> None:
-            tr.clear_range(begin, end)
+        def reset(tr: Any) -> list[tuple[bytes, bytes]]:
             tr.set(version_key, json.dumps({"token": self.token, "seq": 0}).encode())
+            return tr.get_range(begin, end)
 
-        await self.meta.transact(reset)
+        previous = await self.meta.transact(reset)
+        if previous:
+            stale = [tuple(keys.ROUTES.unpack(key)[1:]) for key, _ in previous]
+            asyncio.get_running_loop().call_later(RESTORE_GRACE_S, self._drop_stale, stale)
         await self.anti_entropy()
         self._poll.start()
         return bound
+
+    def _drop_stale(self, routes: list[tuple[str, str]]) -> None:
+        """Remove the routes of this node's previous process that nothing here took up."""
+        for key in routes:
+            if key not in self._local and key not in self._dirty:
+                self._changed(key, False)  # type: ignore[arg-type]
 
     async def stop(self) -> None:
         """Leave: take this node's routes out of the meta store so nobody forwards here."""
@@ -189,34 +225,59 @@ class ClusterRouting:
                 self.node_gone(node)
         for node, addr in live.items():
             if node not in self._live:
+                self._dead.pop(node, None)  # back: its routes are read afresh
                 self._reload_soon(node)
             self.links.set_peer(node, addr)
         self._live = live
 
     def node_gone(self, node: str) -> None:
-        """``node`` died or left: stop routing to it; the lowest live node clears its routes."""
+        """``node`` died or left: stop sending to it (what waits for its answer fails); its
+        routes stay, refusing, until the lowest live node adopted its sessions and cleared
+        them."""
         self._live.pop(node, None)
         self.links.remove_peer(node)
-        self._set_node_routes(node, set())
         applied = self._applied.pop(node, None)
-        for request in list(self._pending.values()):
-            request.waiting.discard(node)
-            request.check()
+        token = applied[0] if applied is not None else None
+        if node in self._node_routes:
+            self._dead[node] = token
+        self._peer_lost(node)
         if min([self.node_id, *self._live]) == self.node_id:
-            token = applied[0] if applied is not None else None
             asyncio.get_running_loop().create_task(self._clear_dead(node, token))
 
+    def _peer_lost(self, node: str) -> None:
+        """No answer will come from ``node`` to what was sent so far; if it restarted, the
+        routes we hold are its previous process's: read them afresh."""
+        for request in list(self._pending.values()):
+            request.fail(node)
+        if node in self._live:
+            self._reload_soon(node)
+
+    def _forget_dead(self, node: str) -> None:
+        if node in self._dead:
+            del self._dead[node]
+            self._set_node_routes(node, set())
+
     async def _clear_dead(self, node: str, token: str | None) -> None:
-        """Remove a gone node's routes and adopt what it left (``token``: its start as we
-        knew it; None if we never read its routes)."""
+        """Adopt what a gone node left, announce the adopted sessions' routes, then remove
+        its routes (``token``: its start as we knew it; None if we never read its routes)."""
         try:
-            if not await self._clear_node(node, token):
+            if node in self._live or not await self._still_gone(node, token):
                 return  # it restarted meanwhile and owns its routes again
-            log.info("node %s is gone: its subscription routes are removed", node)
             for adopt in self.on_node_dead:
                 await adopt(node)
+            routed = self.routes_published()
+            if routed is not None:
+                await routed
+            if await self._clear_node(node, token):
+                log.info("node %s is gone: its sessions are adopted, its routes removed", node)
+                self._forget_dead(node)
         except Exception:
             log.exception("could not take over from dead node %s", node)
+
+    async def _still_gone(self, node: str, token: str | None) -> bool:
+        """False if ``node`` has written routes of a start other than ``token`` since."""
+        raw = await self.meta.transact(lambda tr: tr.get(keys.ROUTE_VERSIONS.pack(node)))
+        return raw is None or token is None or json.loads(raw)["token"] == token
 
     async def _clear_node(self, node: str, token: str | None) -> bool:
         """Clear ``node``'s routes if they are still those of its start ``token`` (a node that
@@ -231,13 +292,37 @@ class ClusterRouting:
                 return True
             if token is not None and json.loads(raw)["token"] != token:
                 return False
-            if token is None and node in self._live:  # back already
-                return False
             tr.clear_range(begin, end)
             tr.clear(version_key)
             return True
 
         return await self.meta.transact(clear)
+
+    async def _rejoin(self) -> None:
+        """This node's routes were cleared: the others declared it dead (it was paused or cut
+        off) and adopted its sessions.  End them here (their clients reconnect and take them
+        over from the adopter), then announce this node's routes under a new start token."""
+        log.warning(
+            "node %s was declared dead meanwhile; its sessions live elsewhere now", self.node_id
+        )
+        for fenced in self.on_fenced:
+            fenced()
+        self.token = secrets.token_hex(8)
+        self._seq = 0
+        routes = list(self._local)
+        begin, end = keys.ROUTES.range(self.node_id)
+        version_key = keys.ROUTE_VERSIONS.pack(self.node_id)
+        version = json.dumps({"token": self.token, "seq": 0}).encode()
+
+        def reset(tr: Any) -> None:
+            tr.clear_range(begin, end)
+            for namespace, route_filter in routes:
+                tr.set(keys.ROUTES.pack(self.node_id, namespace, route_filter), b"")
+            tr.set(version_key, version)
+
+        await self.meta.transact(reset)
+        if self.on_routes_changed is not None:
+            self.on_routes_changed(self.token, 0)
 
     # --- local routes ------------------------------------------------------------------------
     def local_added(self, namespace: str, route_filter: str) -> None:
@@ -343,8 +428,8 @@ class ClusterRouting:
         for request in list(self._pending.values()):
             if now - request.started > FORWARD_CONFIRM_TIMEOUT_S and request.waiting:
                 log.warning("no confirmation from %s in time", sorted(request.waiting))
-                request.waiting.clear()
-                request.check()
+                for node in list(request.waiting):
+                    request.fail(node)
 
     def _on_reply(self, link: Link, frame: list[Any]) -> None:
         request = self._pending.get(frame[1])
@@ -443,12 +528,18 @@ class ClusterRouting:
         self._expire_requests()
         begin, end = keys.ROUTE_VERSIONS.range()
         rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
+        versions = {keys.ROUTE_VERSIONS.unpack(key)[0]: json.loads(raw) for key, raw in rows}
+        mine = versions.get(self.node_id)
+        if mine is None or mine["token"] != self.token:
+            await self._rejoin()
+        for node, token in list(self._dead.items()):
+            version = versions.get(node)
+            if version is None or (token is not None and version["token"] != token):
+                self._forget_dead(node)  # adopted and cleared by a survivor
         missed = 0
-        for key, raw in rows:
-            (node,) = keys.ROUTE_VERSIONS.unpack(key)
+        for node, version in versions.items():
             if node == self.node_id or node not in self._live:
                 continue
-            version = json.loads(raw)
             applied = self._applied.get(node)
             if applied != (version["token"], version["seq"]):
                 behind = applied[1] if applied and applied[0] == version["token"] else 0
@@ -473,6 +564,7 @@ class ClusterRouting:
             return bindings, None
         plain: set[str] = set()
         groups: dict[str, list[str]] = {}
+        dead = self._dead
         for node, group in remote:
             if group is None:
                 plain.add(node)
@@ -484,6 +576,8 @@ class ClusterRouting:
             kept = set(bindings)
             for group, nodes in groups.items():
                 candidates = sorted(nodes)
+                if dead and len(candidates) > 1:  # a live member takes it if there is one
+                    candidates = [n for n in candidates if n not in dead] or candidates
                 if group in local_groups:
                     candidates.append(self.node_id)
                 chosen = candidates[next(self._turn) % len(candidates)]
@@ -495,9 +589,13 @@ class ClusterRouting:
         confirm = message.qos > 0
         request_id = next(self._requests) if confirm else 0
         sent: set[str] = set()
+        unsent: set[str] = set()  # dead, unknown or backlog full: not stored there
         blocked = False
         links = self.links
         for node in plain | picked.keys():
+            if node in dead:
+                unsent.add(node)
+                continue
             groups = picked.get(node, [])
             frame = (
                 ["fwdq", request_id, namespace, data, node in plain, groups]
@@ -507,18 +605,28 @@ class ClusterRouting:
             if links.send(node, frame):
                 sent.add(node)
                 blocked = blocked or links.blocked(node)
+            else:
+                unsent.add(node)
         if sent:
             _forwarded(namespace).inc(len(sent))
         if blocked and self.on_links_blocked is not None:
             self.on_links_blocked()
-        if not confirm or not sent:
+        if not confirm or not (sent or unsent):
             return bindings, None
-        request = self._pending[request_id] = _Request(sent)
+        request = _Request(sent, unsent)
+        if sent:
+            self._pending[request_id] = request
+        else:
+            request.check()
         confirmed = asyncio.get_running_loop().create_future()
 
         def settle(_: Any) -> None:
             self._pending.pop(request_id, None)
-            if False in request.replies:
+            if request.failed:
+                confirmed.set_exception(
+                    NotStored(f"{', '.join(sorted(request.failed))} did not confirm it")
+                )
+            elif False in request.replies:
                 confirmed.set_exception(NotStored(f"a peer could not store {message.topic!r}"))
             else:
                 confirmed.set_result(None)
@@ -549,29 +657,44 @@ class ClusterRouting:
 
     def _on_forward(self, link: Link, frame: list[Any]) -> None:
         _, namespace, data, plain, groups = frame
-        self._deliver(link, namespace, data, plain, groups)
+        self._deliver(link, namespace, decode_message(data), plain, groups)
 
     def _on_confirmed_forward(self, args: list[Any]) -> Any:
-        """A QoS 1/2 forward: answered once what it went to is stored (else at once)."""
+        """A QoS 1/2 forward: answered once what it went to is stored (else at once).  One
+        that matches no subscriber here was sent along routes this process does not hold
+        (it just restarted, or they just went): refused, so that the sender refuses its
+        publisher, which sends it again along the routes of now."""
         namespace, data, plain, groups = args
-        stored = self._deliver(self._answering, namespace, data, plain, groups)
+        message = decode_message(data)
+        if not self._holds(namespace, message.topic, plain, groups):
+            return False
+        stored = self._deliver(self._answering, namespace, message, plain, groups)
         if not stored:
             return True
 
         async def when_stored() -> bool:
             try:
                 await asyncio.gather(*stored)
-            except Exception:
-                log.exception("a forwarded message could not be stored")
+            except Exception as exc:
+                log.warning("a forwarded message could not be stored: %s", exc)
                 return False
             return True
 
         return when_stored()
 
+    def _holds(self, namespace: str, topic: str, plain: bool, groups: list[str]) -> bool:
+        """Whether a subscriber here matches what a forward was sent for."""
+        router = self.router
+        for binding in router.match(namespace, topic):
+            if router.is_durable(binding):
+                continue
+            if binding.name in groups if router.is_one_member(binding) else plain:
+                return True
+        return False
+
     def _deliver(
-        self, link: Link | None, namespace: str, data: bytes, plain: bool, groups: list[str]
+        self, link: Link | None, namespace: str, message: Message, plain: bool, groups: list[str]
     ) -> list[Any]:
-        message = decode_message(data)
         return self.router.deliver_forwarded(namespace, message, plain, groups, source=link)
 
     @property

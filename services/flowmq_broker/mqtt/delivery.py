@@ -292,6 +292,9 @@ class MqttDelivery:
         connection = session.connection
         if connection is not None:
             self.send(connection, message, qos, retain, identifiers, shared, source)
+            if qos > 0 and self.offline is not None and session.persistent():
+                # Durable before the publisher's acknowledgement, online or not (offline.py).
+                return self.offline.keep(session, message, qos, retain, identifiers)
         elif qos > 0 and session.persistent():
             if self.offline is not None:
                 return self.offline.store(session, message, qos, retain, identifiers)

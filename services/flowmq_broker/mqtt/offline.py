@@ -5,16 +5,27 @@ While a persistent session (clean start 0 / session expiry > 0) has no connectio
 in the object store, index in the meta store, through the same batcher as every Queue.  The
 publisher is acknowledged once the message is durable, so a broker crash does not lose it,
 and any broker the client reconnects to — or the survivor that adopts a dead broker's
-sessions — finds it there.  On reconnect, the stored messages are taken (claimed and
-acknowledged in the queue) into the session's in-memory queue before CONNACK, behind what
-the session already held, so they go out first and in order.
+sessions — finds it there.  On reconnect, the stored messages are taken (read; they stay
+stored until the client acknowledged them, see below) into the session's in-memory queue
+before CONNACK, behind what the session already held, so they go out first and in order.
+
+A connected persistent session's QoS 1/2 messages go out from memory, and a copy goes into
+the same queue (``keep``): the publisher's acknowledgement waits for it, so a message is
+durable before it is acknowledged whether the session is online or not, and if this node
+dies with it unacknowledged by the subscriber, the node where the session resumes (after a
+restart, or a survivor that adopts it) takes it from the queue and sends it again.  Copies are
+dropped (the queue purged) once the session is online with nothing in flight or queued: the
+client acknowledged everything.  A copy made while a purge runs waits for it, so a purge never
+takes a copy of a message still unacknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
+import weakref
 from typing import Any
 
 from flowmq_broker.mqtt.session import Session
@@ -27,7 +38,15 @@ log = logging.getLogger(__name__)
 # The subscription identifiers a stored message goes out with (a list of ints).
 SUBSCRIPTION_IDS = "mqtt.subscription_ids"
 TAKE_TIMEOUT_S = 5.0
-CHECK_EMPTY_S = 0.05
+# How often the copies of connected sessions with nothing in flight are dropped.
+TRIM_INTERVAL_S = 1.0
+# How soon a session that was not idle is looked at again.
+BUSY_RETRY_S = 0.1
+# Messages a reconnect takes from the store at most (the store is bounded in bytes anyway).
+MAX_TAKEN = 1_000_000
+# A session that is never idle keeps at most this many copies between purges; past it, its
+# messages go out from memory only until the next purge (as they did before copies).
+MAX_COPIES = 10_000
 
 QueuedItem = tuple[Message, int, bool, dict[str, Any]]
 
@@ -36,11 +55,23 @@ class OfflineStore:
     def __init__(self, engine: QueueEngine, options: QueueOptions) -> None:
         self.engine = engine
         self.options = options  # strict FIFO, at most mqtt_max_offline_bytes
+        # Sessions with copies stored since their last purge, and how many.
+        self._copies: weakref.WeakKeyDictionary[Session, int] = weakref.WeakKeyDictionary()
+        self._purging: dict[Session, asyncio.Future[None]] = {}
+        # The stored messages (seqs) each session holds in memory: copies and those taken.
+        self._held: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()
+        self._trim_scheduled = False
 
     def store(
         self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
     ) -> asyncio.Future[Any]:
         """Enqueue ``message`` as it is to be delivered; done once durable."""
+        session.stored = True
+        return self._enqueue(session, message, qos, retain, identifiers)
+
+    def _enqueue(
+        self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
+    ) -> asyncio.Future[Any]:
         properties = dict(message.properties)
         if identifiers:
             properties[SUBSCRIPTION_IDS] = identifiers
@@ -51,58 +82,138 @@ class OfflineStore:
             stored,
             self.options,
         )
-        session.stored = True
         session.pending_stores.add(future)
         future.add_done_callback(session.pending_stores.discard)
         return future
 
+    def keep(
+        self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
+    ) -> asyncio.Future[Any] | None:
+        """A copy of ``message``, just sent to the connected ``session`` from memory, until
+        the client acknowledged it; done once durable (None: no copy, see ``MAX_COPIES``)."""
+        copies = self._copies.get(session, 0)
+        if copies >= MAX_COPIES:
+            return None
+        self._watch(session, copies + 1)
+        purging = self._purging.get(session)
+        if purging is None:
+            return self._copy(session, message, qos, retain, identifiers)
+        later: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def after_purge(_: Any) -> None:
+            stored = self._copy(session, message, qos, retain, identifiers)
+            stored.add_done_callback(functools.partial(_copy_outcome, later))
+
+        purging.add_done_callback(after_purge)
+        session.pending_stores.add(later)
+        later.add_done_callback(session.pending_stores.discard)
+        return later
+
+    def _copy(
+        self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
+    ) -> asyncio.Future[Any]:
+        stored = self._enqueue(session, message, qos, retain, identifiers)
+        stored.add_done_callback(functools.partial(self._held_stored, session))
+        return stored
+
+    def _held_stored(self, session: Session, stored: asyncio.Future[Any]) -> None:
+        if not stored.cancelled() and stored.exception() is None:
+            self._held.setdefault(session, set()).add(stored.result().seq)
+
+    def _watch(self, session: Session, copies: int) -> None:
+        """``session`` has messages in its queue that its client holds: purge when idle."""
+        self._copies[session] = copies
+        if not self._trim_scheduled:
+            self._trim_scheduled = True
+            asyncio.get_running_loop().call_later(TRIM_INTERVAL_S, self._trim_soon)
+
+    def _trim_soon(self) -> None:
+        self._trim_scheduled = False
+        asyncio.get_running_loop().create_task(self._trim())
+
+    async def _trim(self) -> None:
+        """Purge the queues of connected sessions whose client acknowledged everything."""
+        busy = False
+        for session in list(self._copies.keys()):
+            if not session.online:
+                continue  # its copies wait for its return (or another node's take)
+            if session.inflight or session.queue or session.pending_stores or session.stored:
+                busy = True
+                continue
+            if session in self._purging:
+                continue
+            try:
+                if await self._purge_if_all_held(session):
+                    self._copies.pop(session, None)
+                else:
+                    busy = True
+            except Exception as exc:  # the copies stay: sent again if it moves, not lost
+                log.warning(
+                    "mqtt %s: could not drop acknowledged copies: %s", session.client_id, exc
+                )
+        if len(self._copies) and not self._trim_scheduled:
+            # A session busy now is idle between two messages: look again soon.
+            self._trim_scheduled = True
+            delay = BUSY_RETRY_S if busy else TRIM_INTERVAL_S
+            asyncio.get_running_loop().call_later(delay, self._trim_soon)
+
+    async def _purge_if_all_held(self, session: Session) -> bool:
+        """Purge the idle ``session``'s queue if it holds only what this session had (and
+        its client acknowledged); True if purged.  Messages another node stored meanwhile (a
+        session moving between nodes) are sent to the client first, purged next time."""
+        namespace, name = session.namespace, session_queue_name(session.client_id)
+        # Copies made from here on wait for the purge (two meta-store transactions).
+        done = asyncio.get_running_loop().create_future()
+        self._purging[session] = done
+        try:
+            held = self._held.get(session, set())
+            foreign = await self.engine.ready_count(namespace, name) > len(held)
+            if not foreign:
+                await self.engine.purge(namespace, name)
+                self._held.pop(session, None)
+                return True
+        finally:
+            del self._purging[session]
+            done.set_result(None)
+        rows = await asyncio.wait_for(self.engine.peek(namespace, name, MAX_TAKEN), TAKE_TIMEOUT_S)
+        connection = session.connection
+        for seq, _, message in rows:
+            if seq not in held and connection is not None:
+                message, qos, retain, extra = _queued_item(message)
+                connection.send_message(message, qos, retain, extra["subscription_identifier"])
+                held.add(seq)
+        self._held[session] = held
+        return False
+
     async def take(self, session: Session) -> list[QueuedItem]:
-        """Everything stored for ``session``, oldest first, removed from the store."""
+        """What is stored for ``session`` and not taken before, oldest first.  It stays
+        stored until the client acknowledged it (the session is idle: ``_trim``), so a node
+        that dies meanwhile does not take it along."""
         if session.pending_stores:
             await asyncio.wait(list(session.pending_stores), timeout=TAKE_TIMEOUT_S)
-        name = session_queue_name(session.client_id)
-        expected = await self.engine.ready_count(session.namespace, name)
         session.stored = False
-        if not expected:
-            return []
-        taken: list[Any] = []
-        all_in = asyncio.get_running_loop().create_future()
-
-        def deliver(batch: list[Any]) -> None:
-            taken.extend(batch)
-            if len(taken) >= expected and not all_in.done():
-                all_in.set_result(None)
-
-        # no_ack: claimed and acknowledged in one go — from here the session holds them, as
-        # it holds every message of a connected client.
-        consumer = self.engine.subscribe(
-            session.namespace, name, f"mqtt:{session.client_id}", deliver, no_ack=True
+        name = session_queue_name(session.client_id)
+        # A store that does not answer (an outage) fails the take; what is stored is then
+        # sent once the session is idle (``_purge_if_all_held``) or at the next connect.
+        rows = await asyncio.wait_for(
+            self.engine.peek(session.namespace, name, MAX_TAKEN), TAKE_TIMEOUT_S
         )
-        deadline = asyncio.get_running_loop().time() + TAKE_TIMEOUT_S
-        try:
-            while not all_in.done():
-                try:
-                    await asyncio.wait_for(asyncio.shield(all_in), CHECK_EMPTY_S)
-                except TimeoutError:
-                    # Fewer than counted: some expired in the store (not delivered).
-                    if not await self.engine.ready_count(session.namespace, name):
-                        await asyncio.sleep(0)  # deliveries of the last claim go out first
-                        break
-                    if asyncio.get_running_loop().time() > deadline:
-                        log.warning(
-                            "mqtt %s: took %d stored messages, more left for its next connect",
-                            session.client_id,
-                            len(taken),
-                        )
-                        session.stored = True
-                        break
-        finally:
-            self.engine.cancel(consumer)
-        return [_queued_item(delivery.message) for delivery in taken]
+        if len(rows) >= MAX_TAKEN:
+            log.warning(
+                "mqtt %s: %d stored messages taken, more left", session.client_id, MAX_TAKEN
+            )
+            session.stored = True
+        held = self._held.setdefault(session, set())
+        fresh = [(seq, message) for seq, _, message in rows if seq not in held]
+        held.update(seq for seq, _ in fresh)
+        # Looked at again once idle, even if nothing was here: a store still on its way
+        # (from the node the session came from) is sent then (``_purge_if_all_held``).
+        self._watch(session, self._copies.get(session, 0))
+        return [_queued_item(message) for _, message in fresh]
 
     def forget(self, session: Session) -> None:
         """The session ended: drop what is stored for it."""
-        if not session.stored and not session.pending_stores:
+        if not (session.stored or session.pending_stores or session in self._copies):
             return
         name = session_queue_name(session.client_id)
         task = asyncio.get_running_loop().create_task(self.engine.delete(session.namespace, name))
@@ -110,8 +221,19 @@ class OfflineStore:
 
 
 def _queued_item(message: Message) -> QueuedItem:
-    identifiers = message.properties.pop(SUBSCRIPTION_IDS, None) or []
+    properties = dict(message.properties)  # the engine's cached copy stays as it is
+    identifiers = properties.pop(SUBSCRIPTION_IDS, None) or []
+    message = dataclasses.replace(message, properties=properties)
     return message, message.qos, message.retain, {"subscription_identifier": identifiers}
+
+
+def _copy_outcome(into: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:
+    if into.done():
+        return
+    if source.exception() is not None:
+        into.set_exception(source.exception())  # type: ignore[arg-type]
+    else:
+        into.set_result(source.result())
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

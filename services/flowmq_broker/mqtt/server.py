@@ -160,6 +160,7 @@ class MqttServer:
             cluster.handlers["mqtt.retain"] = self._on_retained
             self.retained.on_change = self._retained_changed
             cluster.on_node_dead.append(self.restore_sessions)
+            cluster.on_fenced.append(self._fenced)
             cluster.on_links_blocked = self.delivery.on_links_blocked
             cluster.on_links_free = self.delivery.on_links_free
         self._server, bound = await listen(
@@ -363,23 +364,35 @@ class MqttServer:
         """A client reconnects here without a clean start, its session not here: take it over
         from the node that holds it, or from its stored record if that node is gone."""
         cluster = self.cluster
+        key = keys.SESSIONS.pack(namespace, client_id)
+        raw = await self.meta.transact(lambda tr: tr.get(key))
+        placeholder = None
+        if raw is not None and (namespace, client_id) not in self.sessions:
+            # Routed here (offline, storing) before the node that holds it lets go, so that
+            # no message for it finds no node in between.
+            placeholder = Session.from_record(json.loads(raw), namespace)
+            self.install_session(placeholder)
+            routed = cluster.routes_published() if cluster is not None else None
+            if routed is not None:
+                await routed
         replies = []
         if cluster is not None and cluster.has_peers:
             replies = await cluster.request_all(
                 ["mqtt.takeover", namespace, client_id, True], TAKEOVER_TIMEOUT_S
             )
         state = next((reply for reply in replies if reply), None)
-        if (namespace, client_id) in self.sessions:  # it came back here meanwhile
-            return self.sessions[(namespace, client_id)]
-        if state is not None:
-            session = Session.from_state(state, namespace)
-        else:
-            key = keys.SESSIONS.pack(namespace, client_id)
-            raw = await self.meta.transact(lambda tr: tr.get(key))
-            if raw is None:
+        current = self.sessions.get((namespace, client_id))
+        if current is not None and current is not placeholder:  # it came back here meanwhile
+            return current
+        if state is None:
+            if placeholder is None:
                 return None
-            session = Session.from_record(json.loads(raw), namespace)
-        self.install_session(session)
+            session = placeholder  # the node that held it is gone: its record is all
+        else:
+            if placeholder is not None:  # what it stored meanwhile is taken with the rest
+                self.discard_session(placeholder, forget=False, redistribute=False)
+            session = Session.from_state(state, namespace)
+            self.install_session(session)
         if session.persistent():  # ours now, even if the client goes before CONNACK
             await self.save_session(session)
         return session
@@ -410,6 +423,15 @@ class MqttServer:
             return state
 
         return when_stored()
+
+    def _fenced(self) -> None:
+        """The cluster declared this node dead (it was paused or cut off) and another node
+        adopted its sessions: end them here, so that their clients reconnect and take them
+        over from there (the records are that node's now)."""
+        for session in list(self.sessions.values()):
+            if session.connection is not None:
+                session.connection.take_over()
+            self.discard_session(session, forget=False, redistribute=False)
 
     def _retained_changed(self, namespace: str, message: Message) -> None:
         cluster = self.cluster

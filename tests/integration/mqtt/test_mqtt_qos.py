@@ -302,13 +302,24 @@ def test_publisher_not_blocked_after_slow_subscriber_leaves(raw, uid, persistent
     pub = raw(5)
     pub.connect(f"pub-{uid}")
     n = 1500
-    pub.send_raw(
-        b"".join(encode(Publish(topic, b"x" * 10, 1, packet_id=i + 1), 5) for i in range(n))
-    )
+
+    def burst(first: int, last: int) -> None:
+        pub.send_raw(
+            b"".join(
+                encode(Publish(topic, b"x" * 10, 1, packet_id=i + 1), 5) for i in range(first, last)
+            )
+        )
+
+    # Within the server's Receive Maximum (1024 unacknowledged): a persistent session's
+    # messages are acknowledged once stored, not at once.
+    burst(0, 1000)
+    acked: set[int] = set()
+    while len(acked) < 500:
+        acked.add(pub.expect(Puback, timeout=5).packet_id)
+    burst(1000, n)
     assert slow.expect(Publish).packet_id  # one in flight, never acknowledged
     slow.kill()
 
-    acked: set[int] = set()
     while len(acked) < n:
         try:
             acked.add(pub.expect(Puback, timeout=5).packet_id)

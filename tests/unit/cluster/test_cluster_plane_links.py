@@ -125,6 +125,9 @@ async def handshake(raw: Raw, secret_text: str = SECRET_TEXT) -> bytes:
     raw.send(pack(["proof", proof(secret_text, mine, hello[2], "raw", "initiator")]))
     answer = await raw.frame()
     assert answer == ["proof", proof(secret_text, mine, hello[2], "server", "acceptor")]
+    # Then each side names its process (incarnation) before any other frame.
+    assert (await raw.frame())[0] == "incarnation"
+    raw.send(pack(["incarnation", "raw-process"]))
     return hello[2]
 
 
@@ -244,7 +247,9 @@ async def _fake_acceptor(
         raw.send(pack(["hello", "fake", nonce]))
         frames = [await raw.frame(), await raw.frame()]  # the client's hello and proof
         raw.send(pack(["proof", send_proof(frames[0][2], nonce)]))
+        raw.send(pack(["incarnation", "fake-process"]))
         try:
+            frames.append(await raw.frame())  # the client's incarnation
             frames.append(await raw.frame())
         except (EOFError, ConnectionResetError):
             pass
@@ -268,7 +273,7 @@ async def test_no_frame_of_ours_goes_to_a_peer_that_did_not_prove_itself(honest)
         assert client.send("fake", ["n", "for the peer only"])
         frames = await asyncio.wait_for(received, 5)
         assert [frame[0] for frame in frames] == (
-            ["hello", "proof", "n"] if honest else ["hello", "proof"]
+            ["hello", "proof", "incarnation", "n"] if honest else ["hello", "proof"]
         )
         if not honest:
             await until(lambda: client.auth_failures.count >= 1)

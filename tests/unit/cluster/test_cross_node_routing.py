@@ -4,6 +4,7 @@ in-memory meta store, Routers with a recording memory destination type."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -189,11 +190,26 @@ async def test_a_dead_nodes_routes_go_everywhere_and_from_the_meta_store(nodes):
     await c.cluster.links.stop()  # c dies without a word
     a.cluster.node_gone("c")
     b.cluster.node_gone("c")
-    assert a.cluster.nodes_matching("default", "d/x") == set()
     deadline = asyncio.get_running_loop().time() + 5
     while await meta.transact(lambda tr: tr.get_range(begin, end)):  # a, the lowest, clears
         assert asyncio.get_running_loop().time() < deadline, "dead node's routes stayed"
         await asyncio.sleep(0.01)
+    # Once cleared from the meta store, the others forget them too (anti-entropy).
+    while a.cluster.nodes_matching("default", "d/x") or b.cluster.nodes_matching("default", "d/x"):
+        assert asyncio.get_running_loop().time() < deadline, "dead node's routes stayed"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_qos1_message_for_a_dead_nodes_route_is_refused_until_it_is_adopted(nodes):
+    """Between a node's death and the adoption of its sessions no node holds them: a QoS 1
+    message for them is refused (the publisher sends it again), not acknowledged."""
+    a, b, c, meta = nodes
+    await routed(c.subscribe("c1", "d/#"))
+    await c.cluster.links.stop()  # c dies without a word
+    b.cluster.node_gone("c")  # b knows; a, the lowest, has not cleared c's routes yet
+    _, confirmed = b.cluster.forward("default", Message("d/x", b"1", qos=1), frozenset())
+    with pytest.raises(NotStored):
+        await confirmed
 
 
 def test_messages_survive_the_link_encoding():
@@ -243,3 +259,61 @@ async def test_a_message_can_be_handed_to_a_shared_group_on_another_node(nodes):
     await asyncio.wait_for(b.shared.arrived.wait(), 5)
     assert b.shared.got == [("$share/g/jobs/#", b"x")]
     assert b.plain.got == []
+
+
+async def test_a_forward_whose_receiver_goes_before_confirming_is_refused(nodes):
+    """The receiver dies with the message unconfirmed: the publisher is refused (and sends it
+    again), never acknowledged on a guess."""
+    a, b, _, _ = nodes
+    b.plain.stored = asyncio.get_running_loop().create_future()  # b holds its answer back
+    await routed(b.subscribe("b1", "g/#"))
+    _, pending = a.router.dispatch("default", Message("g/1", b"x", qos=1))
+    await asyncio.wait_for(b.plain.arrived.wait(), 5)
+    await b.cluster.links.stop()  # b dies: a's link to it is lost
+    with pytest.raises(NotStored):
+        await asyncio.wait_for(pending[0], 5)
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_frames_queued_for_a_peer_that_restarted_are_dropped_not_delivered():
+    """A link carries no frame across a peer's restart: what was queued while the peer was
+    down was for the process that died; the new one never sees it, and the sender is told."""
+    got: list[tuple[str, Any]] = []
+    first = Links("server", lambda link, frame: got.append(("first", frame)))
+    port = await first.start(port=0)
+    client = Links("client", lambda link, frame: None)
+    lost: list[str] = []
+    client.on_peer_lost = lost.append
+    client.set_peer("server", ("127.0.0.1", port))
+    second = Links("server", lambda link, frame: got.append(("second", frame)))
+    try:
+        client.send("server", ["n", 1])
+        await _until(lambda: got == [("first", ["n", 1])])
+        await first.stop()  # the peer's process ends
+        await _until(lambda: lost == ["server"])
+        client.send("server", ["n", 2])  # queued for it while it is down
+        await second.start(port=port)  # a new process at the same address
+        await _until(lambda: lost == ["server", "server"])  # the queued frame is dropped
+        client.send("server", ["n", 3])
+        await _until(lambda: ("second", ["n", 3]) in got)
+        assert got == [("first", ["n", 1]), ("second", ["n", 3])]
+    finally:
+        await client.stop()
+        await second.stop()
+
+
+async def test_a_qos1_forward_matching_no_subscriber_at_the_receiver_is_refused(nodes):
+    """Routes the receiver no longer holds (it restarted, or the subscriber just left): not
+    confirmed as if delivered; the publisher is refused and sends it again."""
+    a, b, _, _ = nodes
+    await routed(b.subscribe("b1", "r/#"))
+    b.router.unbind(Binding("subscription", "default", "b1"), "r/#")  # a still routes to b
+    _, pending = a.router.dispatch("default", Message("r/1", b"x", qos=1))
+    with pytest.raises(NotStored):
+        await asyncio.wait_for(pending[0], 5)

@@ -894,6 +894,8 @@ class MqttConnection(asyncio.Protocol):
                 return
             self._acks.popleft()
             if self.closing:
+                if waiter is not None and not waiter.cancelled():
+                    waiter.exception()  # retrieved: the client, and its ack, are gone
                 continue
             if waiter is not None and waiter.exception() is not None:
                 exc = waiter.exception()

@@ -30,6 +30,12 @@ to ``outage_retry_max_s``) new chunks are failed at once rather than queued behi
 store's timeouts, so every protocol refuses durable writes fast (MQTT 0x80, Kafka
 ``KAFKA_STORAGE_ERROR``, AMQP nack, HTTP 503); after the window the next flush probes the
 store, and the first one that commits ends the outage.
+
+Backpressure (DESIGN.md §13): when the bytes waiting for a flush pass ``high_water`` the
+batcher is *under pressure* and tells its ``pressure_listeners`` (``listener(True)``); once a
+flush takes them below ``low_water`` it tells them ``listener(False)``.  The listeners pause
+and resume the publishers; the batcher itself never refuses a chunk for it.  Cost: one
+comparison per submit.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +105,11 @@ DEFAULT_OUTAGE_RETRY_MAX_S = 5.0
 # What a failing object or meta store raises (timeouts included).
 STORE_FAILURES = (ObjectStoreError, MetaError, OSError, TimeoutError)
 MAX_CHECKED_GROUPS = 100_000
+# Pending bytes past which publishers are paused (config ``pending_writes_high_water``);
+# they resume below half of it.
+DEFAULT_HIGH_WATER = 64 * 1024 * 1024
+# At most one "pressure started" log line per this many seconds.
+_PRESSURE_LOG_INTERVAL_S = 10.0
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -167,6 +178,8 @@ class GroupCommitBatcher:
         faults: FaultHook | None = None,
         outage_retry_s: float = DEFAULT_OUTAGE_RETRY_S,
         outage_retry_max_s: float = DEFAULT_OUTAGE_RETRY_MAX_S,
+        high_water: int = DEFAULT_HIGH_WATER,
+        low_water: int | None = None,
     ) -> None:
         if size_threshold <= 0:
             raise ValueError("size_threshold must be positive")
@@ -208,6 +221,17 @@ class GroupCommitBatcher:
         self._outage_since = 0.0
         self._refuse_until = 0.0
         self._retry_s = outage_retry_s
+        # Backpressure: ``high_water`` 0 turns it off.  ``_pressure_mark`` is what submit
+        # compares against: the high-water mark, or infinity while under pressure.
+        self.high_water = high_water
+        self.low_water = high_water // 2 if low_water is None else low_water
+        self.under_pressure = False
+        self.pressure_listeners: list[Callable[[bool], None]] = []
+        self._pressure_mark: float = high_water or float("inf")
+        self._pressure_since = 0.0
+        self._pressure_logged_at = -_PRESSURE_LOG_INTERVAL_S
+        self._pressure_logged = False
+        self._pressure_unlogged = 0  # episodes not logged since the last line
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -237,6 +261,8 @@ class GroupCommitBatcher:
             return future
         self._pending.append(_Item(group, data, commit, ctx, future, loop.time()))
         self._pending_bytes += len(data)
+        if self._pending_bytes > self._pressure_mark:
+            self._set_pressure(True)
         wakeup = self._wakeup
         if (
             wakeup is not None
@@ -277,6 +303,40 @@ class GroupCommitBatcher:
         self._outage = outage
         self._refuse_until = now + self._retry_s
         return outage
+
+    def _set_pressure(self, on: bool) -> None:
+        """Enter or leave pressure, tell the listeners, log it (rate-limited)."""
+        self.under_pressure = on
+        self._pressure_mark = float("inf") if on else self.high_water
+        now = time.monotonic()
+        if on:
+            self._pressure_since = now
+            self._pressure_logged = now - self._pressure_logged_at >= _PRESSURE_LOG_INTERVAL_S
+            if self._pressure_logged:
+                self._pressure_logged_at = now
+                log.info(
+                    "durable writes waiting passed %d bytes (pending_writes_high_water): "
+                    "publishers paused until below %d%s",
+                    self.high_water,
+                    self.low_water,
+                    f" ({self._pressure_unlogged} more times since the last such line)"
+                    if self._pressure_unlogged
+                    else "",
+                )
+                self._pressure_unlogged = 0
+            else:
+                self._pressure_unlogged += 1
+        elif self._pressure_logged:
+            log.info(
+                "durable writes waiting below %d bytes after %.1f s: publishers resumed",
+                self.low_water,
+                now - self._pressure_since,
+            )
+        for listener in self.pressure_listeners:
+            try:
+                listener(on)
+            except Exception:
+                log.exception("a backpressure listener failed")
 
     def _flush_committed(self) -> None:
         if self._outage is not None:
@@ -397,6 +457,8 @@ class GroupCommitBatcher:
             items.append(item)
             size += len(item.data)
         self._pending_bytes -= size
+        if self.under_pressure and self._pending_bytes <= self.low_water:
+            self._set_pressure(False)
         return items
 
     def _new_key(self) -> str:

@@ -110,6 +110,11 @@ class BrokerConfig:
     # Packets a client may send while its CONNECT waits (login check, session takeover);
     # reading stops meanwhile, so only one read's worth can arrive: more closes the client.
     mqtt_max_held_packets: int = 1000
+    # Backpressure (docs/operations.md "Backpressure"): bytes of durable writes waiting for
+    # the shared batcher's next flush past which publishers on every protocol are paused
+    # (MQTT and AMQP stop reading them, Kafka throttles Produce, HTTP publish answers 503);
+    # they resume once it is below half of this. 0: never paused.
+    pending_writes_high_water: int = 64 * 1024 * 1024
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.
@@ -237,6 +242,7 @@ _COUNT_LIMITS = (
     "mqtt_max_retained_bytes",
     "max_connections",
     "max_connections_per_address",
+    "pending_writes_high_water",
 )
 
 

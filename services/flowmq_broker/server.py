@@ -20,6 +20,7 @@ from aiohttp import web
 import flowmq_metrics as metrics
 from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
+from flowmq_broker.backpressure import Backpressure
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.group_admin import GroupAdmin
@@ -38,7 +39,7 @@ from flowmq_cluster.auth import check_bind
 from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_core.acl import Authorizer
 from flowmq_core.config import BrokerConfig, ConfigError, is_loopback
-from flowmq_core.errors import QuotaExceeded
+from flowmq_core.errors import Overloaded, QuotaExceeded
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_core.version import flowmq_version
@@ -163,6 +164,8 @@ class Broker(OperationsBackend):
         self.adapters: dict[str, Any] = {}
         self.gossip: Gossip | None = None
         self.batcher: GroupCommitBatcher | None = None
+        # Publishers paused while the batcher's backlog is over its high-water mark.
+        self.pressure = Backpressure()
         self.streams: StreamStore | None = None
         self.maintenance: PeriodicTask | None = None
         self.queues: QueueService | None = None
@@ -200,7 +203,10 @@ class Broker(OperationsBackend):
         self, namespace: str, messages: list[Message]
     ) -> list[list[Destination]]:
         """Route every message in order, then wait once for all of them to be durable: a
-        batch shares flushes instead of waiting for one per message."""
+        batch shares flushes instead of waiting for one per message.  While durable writes
+        lag (backpressure.py) nothing is taken: ``Overloaded`` (HTTP 503, Retry-After)."""
+        if self.pressure.active:
+            raise Overloaded("durable writes lag behind; retry later")
         routed = []
         pending: list[Any] = []
         for message in messages:
@@ -310,7 +316,13 @@ class Broker(OperationsBackend):
         )
         self.router = Router(forwarder=self.cluster)
         object_owner = self._node_key()
-        self.batcher = GroupCommitBatcher(self.meta, self.objects, node_id=object_owner)
+        self.batcher = GroupCommitBatcher(
+            self.meta,
+            self.objects,
+            node_id=object_owner,
+            high_water=cfg.pending_writes_high_water,
+        )
+        self.batcher.pressure_listeners.append(self.pressure.on_pressure)
         await self.batcher.start()
         self.streams = StreamStore(
             self.meta, self.objects, self.batcher, PageCache(PAGE_CACHE_BYTES)
@@ -400,6 +412,7 @@ class Broker(OperationsBackend):
             connection_limits=ConnectionLimits(
                 cfg.max_connections, cfg.max_connections_per_address
             ),
+            pressure=self.pressure,
         )
         for role in cfg.roles:
             if role in PROTOCOL_ADAPTERS:

@@ -108,8 +108,10 @@ MAX_CHECKED_GROUPS = 100_000
 # Pending bytes past which publishers are paused (config ``pending_writes_high_water``);
 # they resume below half of it.
 DEFAULT_HIGH_WATER = 64 * 1024 * 1024
-# At most one "pressure started" log line per this many seconds.
-_PRESSURE_LOG_INTERVAL_S = 10.0
+# Pauses less than this many seconds apart are logged as one (one line when the first
+# starts, one when the last has been over this long), so a flapping backlog cannot flood
+# the log.
+PRESSURE_LOG_QUIET_S = 5.0
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -228,10 +230,14 @@ class GroupCommitBatcher:
         self.under_pressure = False
         self.pressure_listeners: list[Callable[[bool], None]] = []
         self._pressure_mark: float = high_water or float("inf")
-        self._pressure_since = 0.0
-        self._pressure_logged_at = -_PRESSURE_LOG_INTERVAL_S
-        self._pressure_logged = False
-        self._pressure_unlogged = 0  # episodes not logged since the last line
+        self.pressure_log_quiet_s = PRESSURE_LOG_QUIET_S
+        # The pauses logged as one: when the first started, when the last ended, how many,
+        # for how long in all; ``_pressure_timer`` logs their end once quiet.
+        self._pressure_log_open = False
+        self._pressure_first = self._pressure_since = self._pressure_ended = 0.0
+        self._pressure_count = 0
+        self._pressure_total = 0.0
+        self._pressure_timer: asyncio.TimerHandle | None = None
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -305,38 +311,59 @@ class GroupCommitBatcher:
         return outage
 
     def _set_pressure(self, on: bool) -> None:
-        """Enter or leave pressure, tell the listeners, log it (rate-limited)."""
+        """Enter or leave pressure, tell the listeners, log it (see ``_log_pressure_end``)."""
         self.under_pressure = on
         self._pressure_mark = float("inf") if on else self.high_water
-        now = time.monotonic()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         if on:
             self._pressure_since = now
-            self._pressure_logged = now - self._pressure_logged_at >= _PRESSURE_LOG_INTERVAL_S
-            if self._pressure_logged:
-                self._pressure_logged_at = now
+            self._pressure_count += 1
+            if not self._pressure_log_open:
+                self._pressure_log_open = True
+                self._pressure_first = now
                 log.info(
                     "durable writes waiting passed %d bytes (pending_writes_high_water): "
-                    "publishers paused until below %d%s",
+                    "publishers paused until below %d",
                     self.high_water,
                     self.low_water,
-                    f" ({self._pressure_unlogged} more times since the last such line)"
-                    if self._pressure_unlogged
-                    else "",
                 )
-                self._pressure_unlogged = 0
-            else:
-                self._pressure_unlogged += 1
-        elif self._pressure_logged:
-            log.info(
-                "durable writes waiting below %d bytes after %.1f s: publishers resumed",
-                self.low_water,
-                now - self._pressure_since,
-            )
+        else:
+            self._pressure_ended = now
+            self._pressure_total += now - self._pressure_since
+            if self._pressure_timer is None:
+                self._pressure_timer = loop.call_later(
+                    self.pressure_log_quiet_s, self._log_pressure_end
+                )
         for listener in self.pressure_listeners:
             try:
                 listener(on)
             except Exception:
                 log.exception("a backpressure listener failed")
+
+    def _log_pressure_end(self) -> None:
+        """The end line of the pauses logged as one, once none followed for a while."""
+        self._pressure_timer = None
+        if self.under_pressure:
+            return  # its end schedules the next check
+        loop = asyncio.get_running_loop()
+        quiet_for = loop.time() - self._pressure_ended
+        if quiet_for < self.pressure_log_quiet_s:
+            self._pressure_timer = loop.call_later(
+                self.pressure_log_quiet_s - quiet_for, self._log_pressure_end
+            )
+            return
+        log.info(
+            "durable writes waiting below %d bytes: publishers resumed (pauses: %d, "
+            "%.1f s in all, over %.1f s)",
+            self.low_water,
+            self._pressure_count,
+            self._pressure_total,
+            self._pressure_ended - self._pressure_first,
+        )
+        self._pressure_log_open = False
+        self._pressure_count = 0
+        self._pressure_total = 0.0
 
     def _flush_committed(self) -> None:
         if self._outage is not None:
@@ -373,6 +400,8 @@ class GroupCommitBatcher:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._pressure_timer is not None:
+            self._pressure_timer.cancel()
         key, self._next_key = self._next_key, None
         abandoned = [*self._abandoned, *([key] if key else [])]
         if abandoned:

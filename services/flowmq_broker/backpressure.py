@@ -21,9 +21,9 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 # What Kafka Produce answers carry in ``throttle_time_ms`` while under pressure: how long
-# the client should back off (KIP-219); the broker also stops reading the connection until
-# the pressure ends.
-KAFKA_THROTTLE_MS = 1000
+# the client should back off (KIP-219).  A hint of the order of a few flushes: the broker
+# also stops reading the connection until the pressure ends, which is what bounds memory.
+KAFKA_THROTTLE_MS = 100
 
 
 class Backpressure:

@@ -10,6 +10,7 @@ everything resumes and every acknowledged message is stored."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import urllib.error
@@ -55,7 +56,8 @@ def reading(tb: ThreadedBroker, client_id: str) -> bool:
     return tb.call(find)
 
 
-def test_publishers_on_every_protocol_pause_while_durable_writes_lag_and_resume(tmp_path):
+def test_publishers_on_every_protocol_pause_while_durable_writes_lag_and_resume(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="flowmq_commit.batcher")
     tb = ThreadedBroker(
         broker_config(tmp_path / "data", node_id="bp", pending_writes_high_water=HIGH_WATER)
     ).start()
@@ -90,6 +92,17 @@ def test_publishers_on_every_protocol_pause_while_durable_writes_lag_and_resume(
             return gated
 
         gated = tb.call(hold_puts)
+        tb.call(lambda: setattr(tb.broker.batcher, "pressure_log_quiet_s", 2.0))
+        # An HTTP publish taken before the pressure: its flush is the one held at the PUT, so
+        # everything after it waits in the batcher (however the clients pipeline).
+        plug: list[int] = []
+        plug_thread = threading.Thread(
+            target=lambda: plug.append(
+                http("POST", f"{api}/topics/bp/messages", {"payload": "plug"}, TOKEN)[0]
+            )
+        )
+        plug_thread.start()
+        wait_until(lambda: gated.put_waiting.is_set(), TIMEOUT, what="a flush held")
 
         throttles: list[int] = []
         delivered: list[int] = []
@@ -166,11 +179,22 @@ def test_publishers_on_every_protocol_pause_while_durable_writes_lag_and_resume(
         wait_until(lambda: not tb.call(lambda: tb.broker.pressure.active), TIMEOUT)
         assert tb.call(lambda: tb.broker.pressure.held) == []
 
+        # One line when the pause starts, one when it ends, however often the 24 MiB that
+        # followed took the backlog over the mark again (pauses close together are one).
+        def lines() -> list[str]:
+            return [r.getMessage() for r in caplog.records if r.name == "flowmq_commit.batcher"]
+
+        wait_until(lambda: any("publishers resumed" in line for line in lines()), TIMEOUT)
+        assert sum("publishers paused" in line for line in lines()) == 1, lines()
+        assert sum("publishers resumed" in line for line in lines()) == 1, lines()
+
         consumer = Consumer(
             {"bootstrap.servers": f"127.0.0.1:{tb.ports['kafka']}", "group.id": "bp-check"}
         )
         low, high = consumer.get_watermark_offsets(TopicPartition("bp", 0), timeout=TIMEOUT)
-        assert (low, high) == (0, RECORDS + 1)  # every Kafka record and the MQTT message
+        plug_thread.join(TIMEOUT)
+        assert plug == [200]
+        assert (low, high) == (0, RECORDS + 2)  # every Kafka record, the MQTT and HTTP ones
         assert sorted(delivered) == sorted(set(delivered))
         bodies = []
         while (got_amqp := channel.basic_get("bp-q", auto_ack=True))[0] is not None:

@@ -489,10 +489,11 @@ async def test_pending_bytes_past_the_high_water_mark_report_pressure_until_belo
 ) -> None:
     """Backpressure (DESIGN.md §13): listeners hear True once pending bytes pass the high-water
     mark (not before, not twice) and False once a flush takes them below the low-water mark;
-    one log line each."""
+    one log line each, the end once no other pause followed for ``pressure_log_quiet_s``."""
     batcher = await started_batcher(
         meta, objects, flush_interval=0.001, high_water=1000, low_water=300, max_flush_bytes=400
     )
+    batcher.pressure_log_quiet_s = 0.05
     heard: list[bool] = []
     batcher.pressure_listeners.append(heard.append)
     gate = asyncio.Event()
@@ -509,10 +510,13 @@ async def test_pending_bytes_past_the_high_water_mark_report_pressure_until_belo
         objects.put_gate = None
         gate.set()
         await asyncio.gather(*futures)
-    # 1200 pending, 400 per flush: below 300 after the third flush takes its share.
-    assert heard == [True, False] and not batcher.under_pressure
-    assert batcher.pending_bytes == 0
-    assert sum("publishers resumed" in r.message for r in caplog.records) == 1
+        # 1200 pending, 400 per flush: below 300 once the third flush takes its share.
+        assert heard == [True, False] and not batcher.under_pressure
+        assert batcher.pending_bytes == 0
+        while not any("publishers resumed" in r.message for r in caplog.records):
+            await asyncio.sleep(0.01)  # the end line comes once quiet (a log: polled)
+    ended = [r.message for r in caplog.records if "publishers resumed" in r.message]
+    assert len(ended) == 1 and "pauses: 1," in ended[0]
     await batcher.close()
 
 

@@ -115,6 +115,9 @@ class BrokerConfig:
     # (MQTT and AMQP stop reading them, Kafka throttles Produce, HTTP publish answers 503);
     # they resume once it is below half of this. 0: never paused.
     pending_writes_high_water: int = 64 * 1024 * 1024
+    # The process's resident memory, bytes, past which publishers are paused the same way
+    # (checked every second; resumed below 90 % of it). 0: no limit.
+    memory_limit: int = 0
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.
@@ -243,6 +246,7 @@ _COUNT_LIMITS = (
     "max_connections",
     "max_connections_per_address",
     "pending_writes_high_water",
+    "memory_limit",
 )
 
 

@@ -20,7 +20,7 @@ from aiohttp import web
 import flowmq_metrics as metrics
 from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
-from flowmq_broker.backpressure import Backpressure
+from flowmq_broker.backpressure import MEMORY_CHECK_INTERVAL_S, Backpressure, MemoryBudget
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.group_admin import GroupAdmin
@@ -168,6 +168,9 @@ class Broker(OperationsBackend):
         self.pressure = Backpressure()
         self.streams: StreamStore | None = None
         self.maintenance: PeriodicTask | None = None
+        # memory_limit, when set: resident memory checked every second.
+        self.memory_budget: MemoryBudget | None = None
+        self.memory_watch: PeriodicTask | None = None
         self.queues: QueueService | None = None
         self.cluster: ClusterRouting | None = None
         self.cluster_secret: ClusterSecret | None = None
@@ -426,6 +429,12 @@ class Broker(OperationsBackend):
         if self.tls is not None:
             await self._serve_https(self.tls)
         self.maintenance.start()
+        if cfg.memory_limit:
+            self.memory_budget = MemoryBudget(cfg.memory_limit, self.pressure)
+            self.memory_watch = PeriodicTask(
+                "memory-limit", MEMORY_CHECK_INTERVAL_S, self.memory_budget.check
+            )
+            self.memory_watch.start()
         self._write_ports()
         if self.gossip is not None:
             self.gossip.update_meta({"roles": cfg.roles, "ports": self.ports})
@@ -620,6 +629,7 @@ class Broker(OperationsBackend):
         # The rest stop the same way: each present part's stop or close, in this order.
         parts: list[tuple[str, Any, str]] = [
             ("stop stream maintenance", self.maintenance, "stop"),
+            ("stop the memory check", self.memory_watch, "stop"),
             ("stop the queues", self.queues, "stop"),
             ("flush group offset resets", self.group_admin, "close"),
             ("stop the catalog sync", self.sync, "stop"),

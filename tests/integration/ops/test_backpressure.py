@@ -210,3 +210,35 @@ def test_publishers_on_every_protocol_pause_while_durable_writes_lag_and_resume(
         for client in clients:
             client.close()
         tb.stop()
+
+
+def test_publishers_pause_while_resident_memory_is_over_memory_limit(tmp_path):
+    """``memory_limit`` below what the process holds: the MQTT publisher of a durable message
+    is no longer read, so its next PUBLISH is not acknowledged, and HTTP publish answers 503;
+    raised past it, the publisher resumes and both messages are stored."""
+    tb = ThreadedBroker(broker_config(tmp_path / "data", node_id="mem", memory_limit=1)).start()
+    api = f"http://127.0.0.1:{tb.ports['http']}/api/v1"
+    publisher = None
+    try:
+        assert http("POST", f"{api}/streams", {"name": "mem"}, TOKEN)[0] == 201
+        wait_until(lambda: tb.call(lambda: tb.broker.pressure.active), TIMEOUT, what="pressure")
+        publisher = MqttClient(tb.ports["mqtt"], "mem-pub")
+        acked: list[int] = []
+        publisher.client.on_publish = lambda _c, _u, mid, code, _p: acked.append(mid)
+        first = publisher.client.publish("mem", b"first", qos=1).mid
+        wait_until(lambda: first in acked, TIMEOUT, what="the first PUBACK")
+        assert not reading(tb, "mem-pub")
+        second = publisher.client.publish("mem", b"second", qos=1)
+        status, body = http("POST", f"{api}/topics/mem/messages", {"payload": "http"}, TOKEN)
+        assert status == 503 and body["error"]["code"] == "overloaded", body
+        assert second.mid not in acked
+
+        tb.call(lambda: setattr(tb.broker.memory_budget, "limit", 1 << 50))
+        wait_until(lambda: second.mid in acked, TIMEOUT, what="the second PUBACK")
+        assert reading(tb, "mem-pub") and tb.call(lambda: tb.broker.pressure.held) == []
+        status, body = http("GET", f"{api}/streams/mem/messages?limit=10", token=TOKEN)
+        assert [r["value"] for r in body["data"]["records"]] == ["first", "second"]
+    finally:
+        if publisher is not None:
+            publisher.close()
+        tb.stop()

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from flowmq_broker.backpressure import Backpressure
+from flowmq_broker.backpressure import MEMORY_LIMIT, Backpressure
 from flowmq_broker.mqtt.delivery import MqttDelivery
 from flowmq_broker.routing import Router
 
@@ -82,3 +82,17 @@ async def test_a_publisher_that_left_is_not_resumed(publisher: Publisher) -> Non
     assert pressure.held == []
     pressure.on_pressure(False)
     assert not reading(publisher)
+
+
+async def test_publishers_resume_only_when_the_backlog_and_the_memory_are_both_under(
+    publisher: Publisher,
+) -> None:
+    pressure = Backpressure()
+    delivery = MqttDelivery(Router(), {}, {}, pressure=pressure)
+    pressure.on_pressure(True)
+    pressure.set_reason(MEMORY_LIMIT, True)
+    delivery.pause_for_pressure(publisher)  # type: ignore[arg-type]
+    pressure.on_pressure(False)
+    assert pressure.active and not reading(publisher)
+    pressure.set_reason(MEMORY_LIMIT, False)
+    assert not pressure.active and reading(publisher)

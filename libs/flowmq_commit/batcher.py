@@ -30,6 +30,12 @@ to ``outage_retry_max_s``) new chunks are failed at once rather than queued behi
 store's timeouts, so every protocol refuses durable writes fast (MQTT 0x80, Kafka
 ``KAFKA_STORAGE_ERROR``, AMQP nack, HTTP 503); after the window the next flush probes the
 store, and the first one that commits ends the outage.
+
+Backpressure (DESIGN.md §13): when the bytes waiting for a flush pass ``high_water`` the
+batcher is *under pressure* and tells its ``pressure_listeners`` (``listener(True)``); once a
+flush takes them below ``low_water`` it tells them ``listener(False)``.  The listeners pause
+and resume the publishers; the batcher itself never refuses a chunk for it.  Cost: one
+comparison per submit.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +105,13 @@ DEFAULT_OUTAGE_RETRY_MAX_S = 5.0
 # What a failing object or meta store raises (timeouts included).
 STORE_FAILURES = (ObjectStoreError, MetaError, OSError, TimeoutError)
 MAX_CHECKED_GROUPS = 100_000
+# Pending bytes past which publishers are paused (config ``pending_writes_high_water``);
+# they resume below half of it.
+DEFAULT_HIGH_WATER = 64 * 1024 * 1024
+# Pauses less than this many seconds apart are logged as one (one line when the first
+# starts, one when the last has been over this long), so a flapping backlog cannot flood
+# the log.
+PRESSURE_LOG_QUIET_S = 5.0
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -167,6 +180,8 @@ class GroupCommitBatcher:
         faults: FaultHook | None = None,
         outage_retry_s: float = DEFAULT_OUTAGE_RETRY_S,
         outage_retry_max_s: float = DEFAULT_OUTAGE_RETRY_MAX_S,
+        high_water: int = DEFAULT_HIGH_WATER,
+        low_water: int | None = None,
     ) -> None:
         if size_threshold <= 0:
             raise ValueError("size_threshold must be positive")
@@ -208,6 +223,21 @@ class GroupCommitBatcher:
         self._outage_since = 0.0
         self._refuse_until = 0.0
         self._retry_s = outage_retry_s
+        # Backpressure: ``high_water`` 0 turns it off.  ``_pressure_mark`` is what submit
+        # compares against: the high-water mark, or infinity while under pressure.
+        self.high_water = high_water
+        self.low_water = high_water // 2 if low_water is None else low_water
+        self.under_pressure = False
+        self.pressure_listeners: list[Callable[[bool], None]] = []
+        self._pressure_mark: float = high_water or float("inf")
+        self.pressure_log_quiet_s = PRESSURE_LOG_QUIET_S
+        # The pauses logged as one: when the first started, when the last ended, how many,
+        # for how long in all; ``_pressure_timer`` logs their end once quiet.
+        self._pressure_log_open = False
+        self._pressure_first = self._pressure_since = self._pressure_ended = 0.0
+        self._pressure_count = 0
+        self._pressure_total = 0.0
+        self._pressure_timer: asyncio.TimerHandle | None = None
 
     # -- submitting --------------------------------------------------------------------------
 
@@ -237,6 +267,8 @@ class GroupCommitBatcher:
             return future
         self._pending.append(_Item(group, data, commit, ctx, future, loop.time()))
         self._pending_bytes += len(data)
+        if self._pending_bytes > self._pressure_mark:
+            self._set_pressure(True)
         wakeup = self._wakeup
         if (
             wakeup is not None
@@ -278,6 +310,61 @@ class GroupCommitBatcher:
         self._refuse_until = now + self._retry_s
         return outage
 
+    def _set_pressure(self, on: bool) -> None:
+        """Enter or leave pressure, tell the listeners, log it (see ``_log_pressure_end``)."""
+        self.under_pressure = on
+        self._pressure_mark = float("inf") if on else self.high_water
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if on:
+            self._pressure_since = now
+            self._pressure_count += 1
+            if not self._pressure_log_open:
+                self._pressure_log_open = True
+                self._pressure_first = now
+                log.info(
+                    "durable writes waiting passed %d bytes (pending_writes_high_water): "
+                    "publishers paused until below %d",
+                    self.high_water,
+                    self.low_water,
+                )
+        else:
+            self._pressure_ended = now
+            self._pressure_total += now - self._pressure_since
+            if self._pressure_timer is None:
+                self._pressure_timer = loop.call_later(
+                    self.pressure_log_quiet_s, self._log_pressure_end
+                )
+        for listener in self.pressure_listeners:
+            try:
+                listener(on)
+            except Exception:
+                log.exception("a backpressure listener failed")
+
+    def _log_pressure_end(self) -> None:
+        """The end line of the pauses logged as one, once none followed for a while."""
+        self._pressure_timer = None
+        if self.under_pressure:
+            return  # its end schedules the next check
+        loop = asyncio.get_running_loop()
+        quiet_for = loop.time() - self._pressure_ended
+        if quiet_for < self.pressure_log_quiet_s:
+            self._pressure_timer = loop.call_later(
+                self.pressure_log_quiet_s - quiet_for, self._log_pressure_end
+            )
+            return
+        log.info(
+            "durable writes waiting below %d bytes: publishers resumed (pauses: %d, "
+            "%.1f s in all, over %.1f s)",
+            self.low_water,
+            self._pressure_count,
+            self._pressure_total,
+            self._pressure_ended - self._pressure_first,
+        )
+        self._pressure_log_open = False
+        self._pressure_count = 0
+        self._pressure_total = 0.0
+
     def _flush_committed(self) -> None:
         if self._outage is not None:
             down = asyncio.get_running_loop().time() - self._outage_since
@@ -313,6 +400,8 @@ class GroupCommitBatcher:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._pressure_timer is not None:
+            self._pressure_timer.cancel()
         key, self._next_key = self._next_key, None
         abandoned = [*self._abandoned, *([key] if key else [])]
         if abandoned:
@@ -397,6 +486,8 @@ class GroupCommitBatcher:
             items.append(item)
             size += len(item.data)
         self._pending_bytes -= size
+        if self.under_pressure and self._pending_bytes <= self.low_water:
+            self._set_pressure(False)
         return items
 
     def _new_key(self) -> str:

@@ -110,6 +110,14 @@ class BrokerConfig:
     # Packets a client may send while its CONNECT waits (login check, session takeover);
     # reading stops meanwhile, so only one read's worth can arrive: more closes the client.
     mqtt_max_held_packets: int = 1000
+    # Backpressure (docs/operations.md "Backpressure"): bytes of durable writes waiting for
+    # the shared batcher's next flush past which publishers on every protocol are paused
+    # (MQTT and AMQP stop reading them, Kafka throttles Produce, HTTP publish answers 503);
+    # they resume once it is below half of this. 0: never paused.
+    pending_writes_high_water: int = 64 * 1024 * 1024
+    # The process's resident memory, bytes, past which publishers are paused the same way
+    # (checked every second; resumed below 90 % of it). 0: no limit.
+    memory_limit: int = 0
     # SWIM gossip (DESIGN.md §6; memberlist's LAN profile): seconds between gossip rounds,
     # peers per round, seconds between probes, direct-ack wait, members asked for an
     # indirect probe, suspicion timeout multiplier, seconds between full-state exchanges.
@@ -237,6 +245,8 @@ _COUNT_LIMITS = (
     "mqtt_max_retained_bytes",
     "max_connections",
     "max_connections_per_address",
+    "pending_writes_high_water",
+    "memory_limit",
 )
 
 

@@ -62,6 +62,14 @@ class AlreadyExists(FlowMQError):
     code = "already_exists"
 
 
+class Overloaded(FlowMQError):
+    """Durable writes lag behind (DESIGN.md §13 backpressure): try again in ``retry_after``
+    seconds (HTTP 503 with ``Retry-After``)."""
+
+    code = "overloaded"
+    retry_after = 1
+
+
 __all__ = [
     "AlreadyExists",
     "FlowMQError",
@@ -70,5 +78,6 @@ __all__ = [
     "InvalidTopic",
     "NameCollision",
     "NotFound",
+    "Overloaded",
     "QuotaExceeded",
 ]

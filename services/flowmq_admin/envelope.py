@@ -27,6 +27,7 @@ STATUS_BY_CODE = {
     "destination_unavailable": 503,
     "not_ready": 503,
     "store_unavailable": 503,
+    "overloaded": 503,
 }
 
 
@@ -55,7 +56,9 @@ def error_response(
 
 
 def from_exception(exc: FlowMQError) -> web.Response:
-    return error_response(exc.code, str(exc), getattr(exc, "details", None))
+    retry_after = getattr(exc, "retry_after", None)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return error_response(exc.code, str(exc), getattr(exc, "details", None), headers=headers)
 
 
 class ApiError(Exception):

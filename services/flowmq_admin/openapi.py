@@ -17,7 +17,8 @@ _REASONS = {
     409: "Conflict (already exists, name collision, not empty)",
     413: "Request body too large",
     422: "Validation failed",
-    503: "Unavailable: a matched destination cannot be served by this broker (publish), "
+    503: "Unavailable: a matched destination cannot be served by this broker, durable "
+    "storage is down, or durable writes lag (publish; then with Retry-After), "
     "or a readiness check failed (ready)",
 }
 

@@ -20,6 +20,7 @@ from aiohttp import web
 import flowmq_metrics as metrics
 from flowmq_admin.app import create_app
 from flowmq_broker.admin_token import load_or_create_token
+from flowmq_broker.backpressure import MEMORY_CHECK_INTERVAL_S, Backpressure, MemoryBudget
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.group_admin import GroupAdmin
@@ -38,7 +39,7 @@ from flowmq_cluster.auth import check_bind
 from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_core.acl import Authorizer
 from flowmq_core.config import BrokerConfig, ConfigError, is_loopback
-from flowmq_core.errors import QuotaExceeded
+from flowmq_core.errors import Overloaded, QuotaExceeded
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_core.version import flowmq_version
@@ -163,8 +164,13 @@ class Broker(OperationsBackend):
         self.adapters: dict[str, Any] = {}
         self.gossip: Gossip | None = None
         self.batcher: GroupCommitBatcher | None = None
+        # Publishers paused while the batcher's backlog is over its high-water mark.
+        self.pressure = Backpressure()
         self.streams: StreamStore | None = None
         self.maintenance: PeriodicTask | None = None
+        # memory_limit, when set: resident memory checked every second.
+        self.memory_budget: MemoryBudget | None = None
+        self.memory_watch: PeriodicTask | None = None
         self.queues: QueueService | None = None
         self.cluster: ClusterRouting | None = None
         self.cluster_secret: ClusterSecret | None = None
@@ -200,7 +206,10 @@ class Broker(OperationsBackend):
         self, namespace: str, messages: list[Message]
     ) -> list[list[Destination]]:
         """Route every message in order, then wait once for all of them to be durable: a
-        batch shares flushes instead of waiting for one per message."""
+        batch shares flushes instead of waiting for one per message.  While durable writes
+        lag (backpressure.py) nothing is taken: ``Overloaded`` (HTTP 503, Retry-After)."""
+        if self.pressure.active:
+            raise Overloaded("durable writes lag behind; retry later")
         routed = []
         pending: list[Any] = []
         for message in messages:
@@ -310,7 +319,13 @@ class Broker(OperationsBackend):
         )
         self.router = Router(forwarder=self.cluster)
         object_owner = self._node_key()
-        self.batcher = GroupCommitBatcher(self.meta, self.objects, node_id=object_owner)
+        self.batcher = GroupCommitBatcher(
+            self.meta,
+            self.objects,
+            node_id=object_owner,
+            high_water=cfg.pending_writes_high_water,
+        )
+        self.batcher.pressure_listeners.append(self.pressure.on_pressure)
         await self.batcher.start()
         self.streams = StreamStore(
             self.meta, self.objects, self.batcher, PageCache(PAGE_CACHE_BYTES)
@@ -400,6 +415,7 @@ class Broker(OperationsBackend):
             connection_limits=ConnectionLimits(
                 cfg.max_connections, cfg.max_connections_per_address
             ),
+            pressure=self.pressure,
         )
         for role in cfg.roles:
             if role in PROTOCOL_ADAPTERS:
@@ -413,6 +429,12 @@ class Broker(OperationsBackend):
         if self.tls is not None:
             await self._serve_https(self.tls)
         self.maintenance.start()
+        if cfg.memory_limit:
+            self.memory_budget = MemoryBudget(cfg.memory_limit, self.pressure)
+            self.memory_watch = PeriodicTask(
+                "memory-limit", MEMORY_CHECK_INTERVAL_S, self.memory_budget.check
+            )
+            self.memory_watch.start()
         self._write_ports()
         if self.gossip is not None:
             self.gossip.update_meta({"roles": cfg.roles, "ports": self.ports})
@@ -607,6 +629,7 @@ class Broker(OperationsBackend):
         # The rest stop the same way: each present part's stop or close, in this order.
         parts: list[tuple[str, Any, str]] = [
             ("stop stream maintenance", self.maintenance, "stop"),
+            ("stop the memory check", self.memory_watch, "stop"),
             ("stop the queues", self.queues, "stop"),
             ("flush group offset resets", self.group_admin, "close"),
             ("stop the catalog sync", self.sync, "stop"),

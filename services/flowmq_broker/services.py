@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from flowmq_broker.backpressure import Backpressure
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.queues import QueueService
@@ -47,3 +48,6 @@ class BrokerServices:
     # Open connections per client listener and per client address: every client listener's
     # connections are admitted and released here (max_connections, ..._per_address).
     connection_limits: ConnectionLimits
+    # Publishers paused while durable writes lag (backpressure.py): each adapter holds the
+    # connections that publish while it is ``active``.
+    pressure: Backpressure = dataclasses.field(default_factory=Backpressure)

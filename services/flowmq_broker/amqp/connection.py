@@ -88,6 +88,7 @@ class AmqpConnection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._pending_publishes = 0
         self._reading_paused = False
+        self.pressure = shared.services.pressure  # durable writes lagging (backpressure.py)
         self._counted = False
 
     # --- asyncio.Protocol ---------------------------------------------------------------
@@ -107,6 +108,7 @@ class AmqpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.shared.services.connection_limits.release(self)
+        self.pressure.forget(self)
         self.state = "closed"
         self.transport = None
         if self._timer is not None:
@@ -533,15 +535,31 @@ class AmqpConnection(asyncio.Protocol):
         self._pending_publishes += n
         if self._pending_publishes > MAX_PENDING_PUBLISHES and not self._reading_paused:
             self._reading_paused = True
-            if self.transport is not None:
+            if self.transport is not None and not self.pressure.holds(self):
                 self.transport.pause_reading()
+        # Durable writes lag: read nothing more from this publisher until they catch up.
+        if (
+            self.pressure.active
+            and self.transport is not None
+            and self.pressure.hold(self, self._pressure_over)
+            and not self._reading_paused
+        ):
+            self.transport.pause_reading()
 
     def publish_finished(self, n: int) -> None:
         self._pending_publishes -= n
         if self._reading_paused and self._pending_publishes < MAX_PENDING_PUBLISHES // 2:
             self._reading_paused = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
+            if not self.pressure.holds(self):
+                self._resume_reading()
+
+    def _pressure_over(self) -> None:
+        if not self._reading_paused:
+            self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
 
 def _index(payload: bytes, frame_type: int) -> int:

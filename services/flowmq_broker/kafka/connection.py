@@ -113,6 +113,7 @@ class KafkaConnection(asyncio.Protocol):
         self._read_paused = False
         self._write_paused = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._pressure = server.services.pressure  # durable writes lagging (backpressure.py)
         self._last_read = self._loop.time()  # for the idle timeout (KafkaServer's sweep)
 
     # -- transport callbacks -----------------------------------------------------------------
@@ -181,6 +182,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.services.connection_limits.release(self)
+        self._pressure.forget(self)
         self.closing = True
         if self._auth_timer is not None:
             self._auth_timer.cancel()
@@ -358,13 +360,21 @@ class KafkaConnection(asyncio.Protocol):
         transport = self.transport
         if transport is None or self.closing:
             return
-        pause = self._write_paused or len(self._slots) >= MAX_OUTSTANDING
+        pause = (
+            self._write_paused or len(self._slots) >= MAX_OUTSTANDING or self._pressure.holds(self)
+        )
         if pause and not self._read_paused:
             self._read_paused = True
             transport.pause_reading()
         elif not pause and self._read_paused:
             self._read_paused = False
             transport.resume_reading()
+
+    def hold_for_pressure(self) -> None:
+        """Durable writes lag: read no more requests until they catch up (Kafka mutes a
+        throttled channel the same way); the pressure's end calls ``_update_reading``."""
+        if self._pressure.hold(self, self._update_reading):
+            self._update_reading()
 
     def idle_for(self, now: float) -> float:
         """Seconds since the client last sent anything, 0 while a request of it is still

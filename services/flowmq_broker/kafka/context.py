@@ -86,6 +86,10 @@ class ConnectionState(Protocol):
         """Close once every request so far is answered (a failed authentication)."""
         ...
 
+    def hold_for_pressure(self) -> None:
+        """Durable writes lag: read no more requests until they catch up."""
+        ...
+
 
 class RequestContext:
     """What a handler knows about the request besides its body."""

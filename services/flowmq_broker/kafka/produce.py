@@ -19,6 +19,7 @@ import logging
 from typing import Any
 
 import flowmq_metrics as metrics
+from flowmq_broker.backpressure import KAFKA_THROTTLE_MS
 from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.idempotence import ProducerBatch, StateKey, Verdict, producer_batch
 from flowmq_broker.kafka.topics import TopicError, partition_count
@@ -331,9 +332,15 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
             part.future = fut
             in_records += part.summary.offset_count  # type: ignore[union-attr]
             in_bytes += len(part.records)
+    throttle_ms = 0
     if in_records:
         metrics.kafka_messages_in_count.labels(ns).inc(in_records)
         metrics.kafka_messages_in_bytes_count.labels(ns).inc(in_bytes)
+        if server.services.pressure.active:
+            # Durable writes lag (backpressure.py): the answer tells the client to back off
+            # (KIP-219) and the connection is not read until they catch up.
+            throttle_ms = KAFKA_THROTTLE_MS
+            ctx.conn.hold_for_pressure()
     waits: list[Any] = [part.future for _, parts in plan for part in parts if part.future]
     if req.acks == 0:
         for fut in waits:
@@ -354,7 +361,7 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
             results = g.result()
             _apply(plan, results[: len(waits)])
             _fail_lost_copies(plan, results[len(waits) :])
-            answer.set_result(_response(ctx, plan))
+            answer.set_result(_response(ctx, plan, throttle_ms))
         except BaseException as exc:  # never leave the connection waiting
             answer.set_exception(exc)
 
@@ -375,7 +382,9 @@ def _apply(plan: list[tuple[str, list[_Part]]], results: list[Any]) -> None:
                 part.offset = result
 
 
-def _response(ctx: RequestContext, plan: list[tuple[str, list[_Part]]]) -> Any:
+def _response(
+    ctx: RequestContext, plan: list[tuple[str, list[_Part]]], throttle_ms: int = 0
+) -> Any:
     resp = ctx.response
     topic_cls = resp.TopicProduceResponse
     part_cls = topic_cls.PartitionProduceResponse
@@ -398,7 +407,7 @@ def _response(ctx: RequestContext, plan: list[tuple[str, list[_Part]]]) -> Any:
             )
             for name, parts in plan
         ],
-        throttle_time_ms=0,
+        throttle_time_ms=throttle_ms,
     )
 
 

@@ -848,6 +848,8 @@ class MqttConnection(asyncio.Protocol):
             for awaitable in pending:
                 self._loop.create_task(self._log_failure(awaitable))
             return
+        if durable and self.delivery.pressure.active:  # backpressure.py
+            self.delivery.pause_for_pressure(self)
         if not qos:
             for awaitable in durable:
                 self._loop.create_task(self._log_failure(awaitable))

@@ -13,7 +13,9 @@ Owns what every connection shares on the way out (DESIGN.md §11):
 * flow control, told explicitly where a message came from (``source``: the publishing
   connection, the peer link, or None for the broker's own messages): a publisher is paused
   while a session it feeds has too many QoS 1/2 messages waiting, or while a link it forwards
-  into is blocked; a peer link is paused while a subscriber it feeds cannot keep up; a local
+  into is blocked, or while durable writes lag (``Backpressure``: the publisher of a
+  message with a durable destination); a peer link is paused while a subscriber it feeds
+  cannot keep up; a local
   QoS 0 message for a subscriber whose buffer passed ``WRITE_HIGH_WATER`` is dropped.
 
 The connection module depends on this one, never the reverse: a connection is seen here only
@@ -27,6 +29,7 @@ import itertools
 import math
 from typing import Any
 
+from flowmq_broker.backpressure import Backpressure
 from flowmq_broker.mqtt.metrics import mqtt_metrics
 from flowmq_broker.mqtt.offline import OfflineStore
 from flowmq_broker.mqtt.session import (
@@ -97,8 +100,11 @@ class MqttDelivery:
         *,
         offline: OfflineStore | None = None,
         max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
+        pressure: Backpressure | None = None,
     ) -> None:
         self.router = router
+        # Durable writes lagging (alone: never): publishers of durable messages wait.
+        self.pressure = pressure if pressure is not None else Backpressure()
         self.sessions = sessions
         self.shared_groups = shared_groups
         self.offline = offline
@@ -504,11 +510,27 @@ class MqttDelivery:
         if not self.congested and self.paused:
             paused, self.paused = self.paused, set()
             for publisher in paused:
-                if publisher.transport is not None and publisher not in self.link_paused:
-                    publisher.transport.resume_reading()
+                self._resume(publisher)
 
     def is_paused(self, publisher: SessionConnection) -> bool:
-        return publisher in self.paused or publisher in self.link_paused
+        return (
+            publisher in self.paused
+            or publisher in self.link_paused
+            or self.pressure.holds(publisher)
+        )
+
+    def _resume(self, publisher: SessionConnection) -> None:
+        """One reason to pause ``publisher`` is gone: read again unless another holds it."""
+        if publisher.transport is not None and not self.is_paused(publisher):
+            publisher.transport.resume_reading()
+
+    def pause_for_pressure(self, publisher: SessionConnection) -> None:
+        """Durable writes lag (``pressure.active``): stop reading ``publisher``, whose message
+        just went to a durable destination, until they catch up."""
+        if publisher.transport is not None and self.pressure.hold(
+            publisher, lambda: self._resume(publisher)
+        ):
+            publisher.transport.pause_reading()
 
     def on_links_blocked(self) -> None:
         """The cluster's callback: a forward just went into a link the peer is not draining
@@ -527,8 +549,7 @@ class MqttDelivery:
     def on_links_free(self) -> None:
         paused, self.link_paused = self.link_paused, set()
         for publisher in paused:
-            if publisher.transport is not None and publisher not in self.paused:
-                publisher.transport.resume_reading()
+            self._resume(publisher)
 
     def hold_link(self, link: Link, subscriber: SessionConnection) -> None:
         """``subscriber`` cannot take what ``link`` brings as fast: stop reading the link
@@ -553,6 +574,7 @@ class MqttDelivery:
         """``connection`` left: it holds nothing paused any more."""
         self.paused.discard(connection)
         self.link_paused.discard(connection)
+        self.pressure.forget(connection)
         self.release_links(connection)
 
 

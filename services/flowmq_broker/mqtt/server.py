@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 import flowmq_metrics as metrics
+from flowmq_broker.backpressure import Backpressure
 from flowmq_broker.cluster import ClusterRouting
 from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.listeners import listen
@@ -79,6 +80,7 @@ class MqttServer:
         connection_limits: ConnectionLimits | None = None,
         max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
         max_held_packets: int = DEFAULT_MAX_HELD_PACKETS,
+        pressure: Backpressure | None = None,
     ) -> None:
         self.router = router
         # Sessions, routes and retained messages on other nodes (None: a broker alone).
@@ -123,6 +125,7 @@ class MqttServer:
             self.shared_groups,
             offline=offline,
             max_inflight_bytes=max_inflight_bytes,
+            pressure=pressure,
         )
 
     @classmethod
@@ -148,6 +151,7 @@ class MqttServer:
             connection_limits=services.connection_limits,
             max_inflight_bytes=services.config.mqtt_max_inflight_bytes,
             max_held_packets=services.config.mqtt_max_held_packets,
+            pressure=services.pressure,
         )
 
     # --- life cycle ---------------------------------------------------------------------

@@ -482,3 +482,52 @@ async def test_an_entry_whose_keys_cannot_fit_fails_alone_not_its_flush(
     assert await read_setting(meta, "before") is not None
     assert await read_setting(meta, "after") is not None
     await batcher.close()
+
+
+async def test_pending_bytes_past_the_high_water_mark_report_pressure_until_below_low_water(
+    meta: CountingMetaStore, objects: CountingObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Backpressure (DESIGN.md §13): listeners hear True once pending bytes pass the high-water
+    mark (not before, not twice) and False once a flush takes them below the low-water mark;
+    one log line each, the end once no other pause followed for ``pressure_log_quiet_s``."""
+    batcher = await started_batcher(
+        meta, objects, flush_interval=0.001, high_water=1000, low_water=300, max_flush_bytes=400
+    )
+    batcher.pressure_log_quiet_s = 0.05
+    heard: list[bool] = []
+    batcher.pressure_listeners.append(heard.append)
+    gate = asyncio.Event()
+    objects.put_gate = gate
+    futures = [batcher.submit("g", b"x" * 100, RECORDING, "first")]
+    await objects.put_waiting.wait()  # that chunk is in the held flush, no longer pending
+    for i in range(10):
+        futures.append(batcher.submit("g", b"x" * 100, RECORDING, f"c{i}"))
+    assert batcher.pending_bytes == 1000 and heard == [] and not batcher.under_pressure
+    futures.append(batcher.submit("g", b"x" * 100, RECORDING, "over"))
+    futures.append(batcher.submit("g", b"x" * 100, RECORDING, "more"))
+    assert heard == [True] and batcher.under_pressure
+    with caplog.at_level("INFO", logger="flowmq_commit.batcher"):
+        objects.put_gate = None
+        gate.set()
+        await asyncio.gather(*futures)
+        # 1200 pending, 400 per flush: below 300 once the third flush takes its share.
+        assert heard == [True, False] and not batcher.under_pressure
+        assert batcher.pending_bytes == 0
+        while not any("publishers resumed" in r.message for r in caplog.records):
+            await asyncio.sleep(0.01)  # the end line comes once quiet (a log: polled)
+    ended = [r.message for r in caplog.records if "publishers resumed" in r.message]
+    assert len(ended) == 1 and "pauses: 1," in ended[0]
+    await batcher.close()
+
+
+async def test_high_water_zero_never_reports_pressure(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = await started_batcher(meta, objects, high_water=0)
+    heard: list[bool] = []
+    batcher.pressure_listeners.append(heard.append)
+    futures = [batcher.submit("g", b"x" * 10_000, RECORDING, f"c{i}") for i in range(100)]
+    await batcher.flush()
+    await asyncio.gather(*futures)
+    assert heard == [] and not batcher.under_pressure
+    await batcher.close()

@@ -309,14 +309,15 @@ class ClaimRounds:
 
     async def _commit(self, round_: Round) -> RoundResult:
         # A round rides the next flush when one with bytes is coming anyway (transactions),
-        # except claims of freshly committed messages behind a batcher that waits for an
-        # interval (latency); otherwise it is a transaction of its own, which runs while a
-        # flush in flight writes its object.
+        # except claims of freshly committed messages (latency: the next flush may only
+        # start after the one in flight); otherwise it is a transaction of its own, which
+        # runs while a flush in flight writes its object.  (A round woken by a local enqueue
+        # is taken before that enqueue commits, so it is not urgent and rides its flush.)
         batcher = self.parts.batcher
         urgent = any(lq.fresh for lq, _, _, _ in round_.claims)
         for lq, _, _, _ in round_.claims:
             lq.fresh = False
-        rides = batcher.pending_bytes > 0 and (batcher.prompt or not urgent)
+        rides = batcher.pending_bytes > 0 and not urgent
         # During an object-store outage the batcher refuses chunks; the meta store may work.
         if self.piggyback and rides and batcher.outage is None:
             for lq, _, _, _ in round_.claims:

@@ -17,7 +17,8 @@ Loads:
 
 Throughput counts messages sent after the warm-up mark and consumed before the end, divided
 by the measured duration.  For FlowMQ the run also reports meta-store transactions per
-consumed message (the broker counts its own ``transact`` calls).  Clients: amqp_loadgen.py.
+consumed message (the broker counts its own ``transact`` calls) and the broker's CPU time per
+consumed message (less sensitive to a busy machine than the rates).  Clients: amqp_loadgen.py.
 ``BENCH_FLUSH_INTERVAL=<seconds>`` overrides the batcher's file-store flush interval in the
 FlowMQ child (experiments only; the default is the broker's own).
 """
@@ -240,6 +241,7 @@ def run_load(broker: Any, load: str, args: argparse.Namespace) -> dict[str, Any]
         txns = after["transactions"] - before["transactions"]
         out["meta_txn_per_msg"] = txns / max(1, received)
         out["flushes"] = after["flushes"] - before["flushes"]
+        out["cpu_us_per_msg"] = (after["cpu_s"] - before["cpu_s"]) * 1e6 / max(1, received)
     return out
 
 
@@ -286,7 +288,11 @@ def serve_flowmq(data_dir: str, amqp_port: int, stats_file: str) -> None:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         path = Path(stats_file)
         while not stop.is_set():
-            stats = {"transactions": count[0], "flushes": broker.batcher.stats.flushes}
+            stats = {
+                "transactions": count[0],
+                "flushes": broker.batcher.stats.flushes,
+                "cpu_s": time.process_time(),
+            }
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(stats))
             os.replace(tmp, path)

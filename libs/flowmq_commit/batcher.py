@@ -19,10 +19,16 @@ submitters' futures resolved; if the PUT or the transaction fails, every submitt
 flush gets the exception and nothing of it is acknowledged.  A zero-byte chunk rides the
 next flush's transaction without adding to the object (a queue's claim round does that).
 
-Flush policy: while a flush is in flight, new chunks wait for the next one; a flush starts
-when the previous one is done and either the pending bytes reach ``size_threshold`` or the
-oldest pending chunk is ``flush_interval`` old.  Flushes run one at a time, so they commit in
-order.  Cost per chunk: one future, no task.
+Flush policy (adaptive group commit): flushes run one at a time, so they commit in order,
+and while one is in flight new chunks wait for the next.  When none is in flight, a chunk
+starts one at once: after one loop iteration, so that the rest of the read that submitted it
+(and a claim round it wakes) joins, and no sooner than ``min_flush_gap`` after the previous
+flush started (S3: every PUT is billed).  Latency at low load is then one PUT + one meta
+transaction; at high load each flush carries whatever arrived during the previous one.
+``size_threshold`` and ``flush_interval`` (the oldest pending chunk's age) stay as upper
+bounds; with ``min_flush_gap=None`` they are the only triggers (a fixed-interval batcher).
+A flush of zero-byte chunks only is one meta transaction, with no PUT.  Cost per chunk: one
+future, no task.
 
 Storage outages: a flush that the object or meta store fails, fails its chunks with
 ``StoreUnavailable``; for ``outage_retry_s`` after it (doubling per consecutive failure, up
@@ -97,6 +103,8 @@ class GroupCommit(abc.ABC):
 DEFAULT_SIZE_THRESHOLD = 4 * 1024 * 1024
 # Local disk: latency first (DESIGN.md §5); S3: every PUT is billed.
 DEFAULT_FLUSH_INTERVAL = {"file": 0.003, "s3": 0.1}
+# The least time between the starts of two flushes: none on local disk, the interval on S3.
+DEFAULT_MIN_FLUSH_GAP = {"file": 0.0, "s3": DEFAULT_FLUSH_INTERVAL["s3"]}
 DEFAULT_INTENT_LEASE_MS = 10 * 60 * 1000
 DEFAULT_MAX_FLUSH_ITEMS = 10_000
 _RENEW_RETRY_S = 1.0
@@ -123,9 +131,15 @@ def key_component(name: str) -> str:
     return cleaned[:100]
 
 
+def _scheme(objects: ObjectStore) -> str:
+    return "s3" if str(getattr(objects, "url", "")).startswith("s3:") else "file"
+
+
 def default_flush_interval(objects: ObjectStore) -> float:
-    scheme = "s3" if str(getattr(objects, "url", "")).startswith("s3:") else "file"
-    return DEFAULT_FLUSH_INTERVAL[scheme]
+    return DEFAULT_FLUSH_INTERVAL[_scheme(objects)]
+
+
+_DEFAULT = object()
 
 
 @dataclass
@@ -137,6 +151,8 @@ class BatcherStats:
     # Transactions outside flushes: registering a fresh intent at start, after a failure or
     # after a long idle period.
     intent_transactions: int = 0
+    # Flushes of zero-byte chunks only (queue claim rounds): one transaction, no PUT.
+    meta_only_flushes: int = 0
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -172,6 +188,7 @@ class GroupCommitBatcher:
         node_id: str = "node",
         size_threshold: int = DEFAULT_SIZE_THRESHOLD,
         flush_interval: float | None = None,
+        min_flush_gap: Any = _DEFAULT,
         max_flush_bytes: int | None = None,
         max_flush_items: int = DEFAULT_MAX_FLUSH_ITEMS,
         intent_lease_ms: int = DEFAULT_INTENT_LEASE_MS,
@@ -194,6 +211,11 @@ class GroupCommitBatcher:
         self.flush_interval = (
             default_flush_interval(objects) if flush_interval is None else flush_interval
         )
+        # None: no eager flushes, only the size and interval triggers (tests that flush
+        # by hand pass that with a long interval).
+        self.min_flush_gap: float | None = (
+            DEFAULT_MIN_FLUSH_GAP[_scheme(objects)] if min_flush_gap is _DEFAULT else min_flush_gap
+        )
         self.max_flush_bytes = max_flush_bytes or 2 * size_threshold
         self.max_flush_items = max_flush_items
         self.intent_lease_ms = intent_lease_ms
@@ -210,6 +232,7 @@ class GroupCommitBatcher:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._force = False
+        self._last_flush_start = float("-inf")
         self._next_key: str | None = None
         self._next_deadline = 0
         # Intents of keys whose write failed: listed for deletion by the next intent txn.
@@ -281,6 +304,13 @@ class GroupCommitBatcher:
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
+
+    @property
+    def prompt(self) -> bool:
+        """A chunk submitted now is flushed without waiting for an interval: at once, or
+        right after the flush in flight (so a zero-byte rider is as quick as a transaction
+        of its own, and is ordered with the flushes)."""
+        return self.min_flush_gap == 0
 
     @property
     def outage(self) -> StoreUnavailable | None:
@@ -431,8 +461,11 @@ class GroupCommitBatcher:
         """Seconds until the pending chunks must be flushed (<= 0: now)."""
         if self._force or self._pending_bytes >= self.size_threshold:
             return 0.0
-        loop = asyncio.get_running_loop()
-        return self._pending[0].born + self.flush_interval - loop.time()
+        now = asyncio.get_running_loop().time()
+        due = self._pending[0].born + self.flush_interval
+        if self.min_flush_gap is not None:
+            due = min(due, self._last_flush_start + self.min_flush_gap)
+        return due - now
 
     async def _run(self) -> None:
         while True:
@@ -452,6 +485,10 @@ class GroupCommitBatcher:
             if wait > 0:
                 await self._sleep(wait)
                 continue
+            if self.min_flush_gap is not None:
+                # One loop iteration: the rest of this read, and a claim round it woke, join.
+                await asyncio.sleep(0)
+            self._last_flush_start = asyncio.get_running_loop().time()
             items = self._take()
             try:
                 await self._flush(items)
@@ -518,13 +555,16 @@ class GroupCommitBatcher:
     async def _flush(self, items: list[_Item]) -> None:
         with running_task():
             started = time.perf_counter()
+            runs, body = _layout(items)
+            if not body:
+                await self._commit_only(items, runs)
+                return
             try:
                 key = await self._ensure_intent()
             except Exception as exc:
                 self.stats.failed_flushes += 1
                 _fail(items, self._flush_failed(exc))
                 return
-            runs, body = _layout(items)
             next_key = self._new_key()
             now = self._clock()
             next_deadline = now + self.intent_lease_ms
@@ -561,6 +601,25 @@ class GroupCommitBatcher:
                 for item, result in zip(run.items, run_results, strict=True):
                     if not item.future.done():
                         item.future.set_result(result)
+
+    async def _commit_only(self, items: list[_Item], runs: list[_Run]) -> None:
+        """A flush of zero-byte chunks: their commits in one transaction, no object, the
+        write intent kept for the next flush that has bytes."""
+        try:
+            results = await self.meta.transact(
+                lambda tr: [run.commit.commit(tr, run.group, "", run.chunks)[0] for run in runs]
+            )
+        except Exception as exc:
+            self.stats.failed_flushes += 1
+            _fail(items, self._flush_failed(exc))
+            return
+        self._flush_committed()
+        self.stats.meta_only_flushes += 1
+        for run, run_results in zip(runs, results, strict=True):
+            _after_commit(run, run_results, "", b"")
+            for item, result in zip(run.items, run_results, strict=True):
+                if not item.future.done():
+                    item.future.set_result(result)
 
     def _commit(
         self,

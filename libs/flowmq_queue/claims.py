@@ -7,7 +7,9 @@ one at a time, group-commit style (while a round runs, new work waits for the ne
 the batcher is about to flush anyway, the round rides in the flush's transaction (a
 zero-byte chunk), so at steady state publishing, claiming and acknowledging cost one
 transaction per flush between them — and a claim in that transaction sees the messages the
-same flush enqueued.
+same flush enqueued.  With a prompt batcher (adaptive group commit on local disk) a local
+enqueue wakes a round that joins the very flush carrying the message, so that publish to
+delivery is one flush (``enqueue_submitted``), not a flush and then a claim transaction.
 
 A round is four steps: ``_take`` the pending work as a ``Round`` (round_txn.py; its
 ``work`` is the transaction), ``_commit`` it, then ``_apply_settled`` and ``_apply_claims`` turn the outcome
@@ -183,10 +185,28 @@ class ClaimRounds:
             lq = self._queues[(ns, queue)] = LocalQueue(ns, queue)
         return lq
 
-    def mark_ready(self, ns: str, queue: str) -> None:
-        """Messages were committed to the queue (or returned to it): claim soon."""
+    def enqueue_submitted(self, ns: str, queue: str) -> int:
+        """A local enqueue was handed to the batcher: wake a round to ride the same flush
+        (it runs before the batcher takes the flush: see the batcher's one-iteration
+        settle), whose claim then sees the message in the flush's own transaction.  Returns
+        the stamp the enqueue's ``mark_ready`` passes back (0: no local consumer)."""
+        lq = self._queues.get((ns, queue))
+        if lq is None or not lq.consumers:
+            return 0
+        lq.submitted += 1
+        lq.maybe_ready = True
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.is_set() and self.parts.batcher.prompt:
+            wakeup.set()
+        return lq.submitted
+
+    def mark_ready(self, ns: str, queue: str, stamp: int = 0) -> None:
+        """Messages were committed to the queue (or returned to it): claim soon, unless a
+        round riding this flush or a later one claims after the enqueue ``stamp``."""
         lq = self._queues.get((ns, queue))
         if lq is not None:
+            if 0 < stamp <= lq.covered:
+                return
             lq.maybe_ready = True
             lq.dirty += 1
             lq.fresh = True
@@ -295,15 +315,21 @@ class ClaimRounds:
         )
 
     async def _commit(self, round_: Round) -> RoundResult:
-        # Claims of freshly committed messages go at once (latency); everything else rides
-        # the next flush when one is coming anyway (transactions).
+        # A round rides the next flush when one with bytes is coming anyway (transactions),
+        # except claims of freshly committed messages (latency: the next flush may only
+        # start after the one in flight); otherwise it is a transaction of its own, which
+        # runs while a flush in flight writes its object.  (A round woken by a local enqueue
+        # is taken before that enqueue commits, so it is not urgent and rides its flush.)
+        batcher = self.parts.batcher
         urgent = any(lq.fresh for lq, _, _, _ in round_.claims)
         for lq, _, _, _ in round_.claims:
             lq.fresh = False
-        if self.piggyback and not urgent and self.parts.batcher.pending_bytes > 0:
-            return await self.parts.batcher.submit(
-                ("queue-round",), b"", self._round_commit, round_
-            )
+        rides = batcher.pending_bytes > 0 and not urgent
+        # During an object-store outage the batcher refuses chunks; the meta store may work.
+        if self.piggyback and rides and batcher.outage is None:
+            for lq, _, _, _ in round_.claims:
+                lq.covered = lq.submitted  # committed after every enqueue submitted so far
+            return await batcher.submit(("queue-round",), b"", self._round_commit, round_)
         return await self.parts.meta.transact(round_.work)
 
     def _restore(self, round_: Round) -> None:
@@ -311,7 +337,9 @@ class ClaimRounds:
         for lease, o in round_.ops.items():
             self._ops.setdefault(lease, Ops()).merge(o)
         self._dead_done.extend(round_.dead_done)
-        for _, _, wants, _ in round_.claims:
+        for lq, _, wants, _ in round_.claims:
+            lq.covered = 0  # the enqueues it covered may have committed: claim again
+            lq.maybe_ready = True
             for w in wants:
                 c = self._consumers.get(w.consumer)
                 if c is not None:

@@ -115,7 +115,18 @@ class Delivery:
 
 
 class LocalQueue:
-    __slots__ = ("consumers", "dirty", "fresh", "maybe_ready", "name", "ns", "turn", "watching")
+    __slots__ = (
+        "consumers",
+        "covered",
+        "dirty",
+        "fresh",
+        "maybe_ready",
+        "name",
+        "ns",
+        "submitted",
+        "turn",
+        "watching",
+    )
 
     def __init__(self, ns: str, name: str) -> None:
         self.ns = ns
@@ -125,4 +136,8 @@ class LocalQueue:
         self.watching = False
         self.dirty = 0  # bumped by every local enqueue commit / requeue
         self.fresh = False  # messages committed since the last claim: claim without delay
+        # Local enqueues handed to the batcher (a stamp each), and the last stamp a claim
+        # round riding a flush no earlier than theirs has covered (claims.py).
+        self.submitted = 0
+        self.covered = 0
         self.turn = 0

@@ -100,6 +100,7 @@ class QueueEngine:
         ctx = EnqueueCtx(message, expires, opts)
         future = self.parts.batcher.submit(("q", ns, queue), body, self._commit, ctx)
         ctx.future = future
+        ctx.stamp = self.claims.enqueue_submitted(ns, queue)
         return future
 
     def _enqueued(
@@ -116,7 +117,7 @@ class QueueEngine:
                 r.ctx.future.set_exception(_queue_full(ns, queue, r))
         if accepted:
             metrics.queue_messages_enqueued_count.labels(ns, queue).inc(accepted)
-            self.claims.mark_ready(ns, queue)
+            self.claims.mark_ready(ns, queue, results[-1].ctx.stamp)
 
     # --- consumers -------------------------------------------------------------------------
 

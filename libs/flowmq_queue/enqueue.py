@@ -29,13 +29,14 @@ class EnqueueCtx:
     """What a submitted body carries into the commit; ``future`` is the batcher's, so a
     refused chunk can be failed with ``QueueFull`` before the batcher resolves it."""
 
-    __slots__ = ("expires_ms", "future", "message", "opts")
+    __slots__ = ("expires_ms", "future", "message", "opts", "stamp")
 
     def __init__(self, message: Message, expires_ms: int, opts: QueueOptions) -> None:
         self.message = message
         self.expires_ms = expires_ms  # 0: never
         self.opts = opts
         self.future: Any = None
+        self.stamp = 0  # ClaimRounds.enqueue_submitted's, handed back to mark_ready
 
 
 class Enqueued(NamedTuple):

@@ -59,6 +59,7 @@ class Stack:
             node_id="n1",
             size_threshold=1 << 30,
             flush_interval=3600,
+            min_flush_gap=None,
             clock=clock,
             faults=faults,
         )

@@ -64,7 +64,7 @@ async def started_batcher(
     meta: CountingMetaStore, objects: CountingObjectStore, **kwargs: Any
 ) -> GroupCommitBatcher:
     """A started batcher that flushes only when told to, unless ``kwargs`` say otherwise."""
-    kwargs = {"size_threshold": 1 << 30, "flush_interval": 3600, **kwargs}
+    kwargs = {"size_threshold": 1 << 30, "flush_interval": 3600, "min_flush_gap": None, **kwargs}
     batcher = GroupCommitBatcher(meta, objects, **kwargs)
     await batcher.start()
     return batcher
@@ -197,10 +197,13 @@ async def test_flush_by_time_when_below_the_size_threshold(
     await batcher.close()
 
 
+@pytest.mark.parametrize(
+    "policy", [{"flush_interval": 0.001}, {"min_flush_gap": 0.0}], ids=["interval", "adaptive"]
+)
 async def test_items_arriving_during_a_flush_wait_for_the_next(
-    meta: CountingMetaStore, objects: CountingObjectStore
+    meta: CountingMetaStore, objects: CountingObjectStore, policy: dict[str, float]
 ) -> None:
-    batcher = await started_batcher(meta, objects, flush_interval=0.001)
+    batcher = await started_batcher(meta, objects, **policy)
     gate = asyncio.Event()
     objects.put_gate = gate
     first = batcher.submit("g", b"first", RECORDING, "first")
@@ -448,11 +451,59 @@ async def test_a_flush_after_a_long_idle_period_renews_the_intent_first(
 
 def test_default_flush_interval_depends_on_the_object_store(tmp_path) -> None:
     from flowmq_commit import default_flush_interval
+    from flowmq_meta import open_meta_store
     from flowmq_objstore import FileObjectStore, S3ObjectStore
 
-    assert default_flush_interval(FileObjectStore(tmp_path)) <= 0.005
+    files = FileObjectStore(tmp_path)
+    assert default_flush_interval(files) <= 0.005
     s3 = S3ObjectStore("bucket", endpoint_url="http://127.0.0.1:1", url="s3://bucket")
     assert default_flush_interval(s3) == 0.1
+    meta = open_meta_store("memory://")
+    # Local disk flushes at once when idle; S3 keeps the interval between PUTs.
+    assert GroupCommitBatcher(meta, files).prompt
+    s3_batcher = GroupCommitBatcher(meta, s3)
+    assert not s3_batcher.prompt and s3_batcher.min_flush_gap == 0.1
+
+
+async def test_an_idle_adaptive_batcher_flushes_at_once_not_after_the_interval(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    # flush_interval is an hour (started_batcher): only the adaptive policy can flush this.
+    batcher = await started_batcher(meta, objects, min_flush_gap=0.0)
+    # The same loop iteration's chunks share the flush.
+    futures = [batcher.submit("g", f"c{i}".encode(), RECORDING, f"c{i}") for i in range(3)]
+    await asyncio.wait_for(asyncio.gather(*futures), 5)
+    assert batcher.stats.flushes == 1 and batcher.stats.chunks == 3
+    await batcher.close()
+
+
+async def test_the_minimum_gap_spaces_flushes_out(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    gap = 0.2
+    batcher = await started_batcher(meta, objects, min_flush_gap=gap)
+    started = time.monotonic()
+    await asyncio.wait_for(batcher.submit("g", b"one", RECORDING, "one"), 5)
+    assert time.monotonic() - started < gap  # idle: at once
+    await asyncio.wait_for(batcher.submit("g", b"two", RECORDING, "two"), 5)
+    assert time.monotonic() - started >= gap * 0.9  # not before the gap
+    assert batcher.stats.flushes == 2
+    await batcher.close()
+
+
+async def test_zero_byte_chunks_alone_cost_one_transaction_and_no_put(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = await started_batcher(meta, objects, min_flush_gap=0.0)
+    puts, txns = objects.puts, meta.transactions
+    await asyncio.wait_for(batcher.submit("round", b"", RECORDING, "rider"), 5)
+    assert await read_setting(meta, "rider") is not None
+    assert objects.puts == puts and meta.transactions == txns + 1
+    assert batcher.stats.meta_only_flushes == 1 and batcher.stats.flushes == 0
+    # The intent stays for the next flush with bytes: still one PUT + one transaction.
+    await asyncio.wait_for(batcher.submit("g", b"bytes", RECORDING, "bytes"), 5)
+    assert objects.puts == puts + 1 and meta.transactions == txns + 2
+    await batcher.close()
 
 
 async def test_an_entry_whose_keys_cannot_fit_fails_alone_not_its_flush(

@@ -301,3 +301,34 @@ async def test_cancelled_consumers_are_not_kept(env) -> None:
     env.engine.cancel(later.consumer)
     await env.settle()
     assert env.engine.claims._consumers == {}
+
+
+async def test_publish_to_delivery_is_one_flush_for_a_waiting_consumer(env) -> None:
+    """The claim round a local enqueue wakes rides the flush that stores the message: the
+    flush's own transaction claims it, no claim transaction follows."""
+    env.queue("q")
+    inbox = env.consumer("q", prefetch=10)
+    await env.settle()
+    meta = env.batcher.meta
+    inner = meta.transact
+    count = [0]
+
+    async def counting(fn):
+        count[0] += 1
+        return await inner(fn)
+
+    meta.transact = counting
+    try:
+        for i in range(3):
+            future = env.engine.enqueue(
+                "default", "q", Message("q", f"m{i}".encode()), env.options[("default", "q")]
+            )
+            await inbox.wait(i + 1)
+            assert future.done()
+            await env.settle()
+            env.engine.ack(inbox.items[i])
+            await env.settle()
+        # per message: the flush (enqueue + claim) and the ack's round
+        assert count[0] == 6
+    finally:
+        meta.transact = inner

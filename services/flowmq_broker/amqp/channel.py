@@ -70,6 +70,9 @@ class Channel:
         self.publish_seq = 0
         self._confirms: collections.deque[list[Any]] = collections.deque()
         self._confirm_scheduled = False
+        # This channel's publishes not yet stored: a Basic.Get waits for them, so a get
+        # after a publish on the same channel sees it (RabbitMQ's per-channel ordering).
+        self._storing: set[asyncio.Future[Any]] = set()
         self.last_queue = ""
         self._content: _Content | None = None
         self._blocked = False
@@ -280,6 +283,7 @@ class Channel:
             for awaitable in pending:
                 if not isinstance(awaitable, asyncio.Future):
                     awaitable = asyncio.ensure_future(awaitable)
+                self._hold(awaitable)
                 awaitable.add_done_callback(done)
             return
         self._schedule_confirms()
@@ -341,7 +345,14 @@ class Channel:
                 conn.flush()
 
         for awaitable in pending:
-            asyncio.ensure_future(awaitable).add_done_callback(done)
+            future = asyncio.ensure_future(awaitable)
+            self._hold(future)
+            future.add_done_callback(done)
+
+    def _hold(self, future: asyncio.Future[Any]) -> None:
+        storing = self._storing
+        storing.add(future)
+        future.add_done_callback(storing.discard)
 
     def publish_failed(self, exc: BaseException) -> None:
         """A publish without confirms could not be stored."""
@@ -516,6 +527,8 @@ class Channel:
     async def on_basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
         self._check_consume(name)
+        if self._storing:  # the channel's own earlier publishes first
+            await asyncio.wait(list(self._storing))
         await self.consumers.get(name, self.topology.lookup(name), m)
 
     def on_basic_recover(self, m: commands.Basic.Recover) -> None:

@@ -289,3 +289,29 @@ def test_channel_flow_pauses_deliveries(raw, amqp, uid) -> None:
     assert client.expect(commands.Channel.FlowOk).active is True
     _, deliver = client.recv()
     assert isinstance(deliver, commands.Basic.Deliver) and deliver.consumer_tag == "f"
+
+
+def test_a_get_after_a_publish_on_the_same_channel_sees_it(raw, uid) -> None:
+    """RabbitMQ orders a channel's methods toward a queue: a Basic.Get sent right behind a
+    Basic.Publish (here in the same TCP write, without confirms) gets that message, though
+    storing it in a durable queue takes a flush."""
+    from pamqp import body, commands, header
+
+    q = f"order-{uid}"
+    client = raw()
+    client.handshake()
+    client.send((commands.Channel.Open(), 1))
+    client.expect(commands.Channel.OpenOk)
+    client.send((commands.Queue.Declare(queue=q, durable=True), 1))
+    client.expect(commands.Queue.DeclareOk)
+    payload = b"published first"
+    client.send(
+        (commands.Basic.Publish(exchange="", routing_key=q), 1),
+        (header.ContentHeader(0, len(payload), commands.Basic.Properties(delivery_mode=2)), 1),
+        (body.ContentBody(payload), 1),
+        (commands.Basic.Get(queue=q, no_ack=True), 1),
+    )
+    _, answer = client.recv()
+    assert isinstance(answer, commands.Basic.GetOk), answer
+    client.recv()  # the content header
+    assert client.recv()[1].value == payload

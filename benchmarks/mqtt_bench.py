@@ -58,6 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mqtt_loadgen as lg  # noqa: E402
+import tls_bench as tb  # noqa: E402
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 READY_MARK = " ready: "
@@ -703,6 +704,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     loads = [all_loads[k] for k in keys]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # Ratios move with the machine (DESIGN.md §11): say how fast this one runs Python.
+    speed = tb.interpreter_speed()
+    print(f"interpreter speed {speed:.1f} M loops/s (tls_bench.interpreter_speed)", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="mqtt-bench-"))
     brokers: list[Broker] = []
     workers: list = []

@@ -22,10 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-import time
 from typing import Any
 
 import flowmq_metrics as metrics
+from flowmq_core.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,6 @@ _LIMITS = {
     "connections": ("max_connections", "on the listener"),
     "connections_per_address": ("max_connections_per_address", "from that address"),
 }
-# Addresses remembered for the once-per-interval log line; past it the stale ones are dropped.
-_MAX_LOGGED_ADDRESSES = 10_000
 
 
 class ConnectionLimits:
@@ -51,7 +49,7 @@ class ConnectionLimits:
         self._open: dict[object, tuple[Any, str]] = {}  # connection -> (listener, address)
         self._per_listener: dict[Any, int] = {}
         self._per_address: dict[str, int] = {}
-        self._logged_at: dict[str, float] = {}
+        self._log = LogThrottle(LOG_INTERVAL_S)  # one line per address per interval
 
     def admit(self, connection: object, transport: asyncio.BaseTransport) -> bool:
         """Count ``connection`` in; False when it passes a limit: ``transport`` is then closed
@@ -93,13 +91,8 @@ class ConnectionLimits:
     ) -> None:
         transport.close()
         metrics.limits_rejections_count.labels(limit).inc()
-        now = time.monotonic()
-        last = self._logged_at.get(address)
-        if last is not None and now - last < LOG_INTERVAL_S:
+        if not self._log.due(address):
             return
-        if len(self._logged_at) >= _MAX_LOGGED_ADDRESSES:
-            self._logged_at = {a: t for a, t in self._logged_at.items() if now - t < LOG_INTERVAL_S}
-        self._logged_at[address] = now
         key, scope = _LIMITS[limit]
         log.info(
             "connection from %s to port %s refused: %d connections %s (limit %s); further "

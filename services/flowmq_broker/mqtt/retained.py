@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 
 import flowmq_metrics as metrics
 from flowmq_core.errors import QuotaExceeded
+from flowmq_core.log_throttle import LogThrottle
 from flowmq_core.message import Message
 from flowmq_core.message_codec import CorruptMessage, decode_message, encode_message
 from flowmq_core.topics import matches
@@ -93,7 +94,7 @@ class RetainedStore:
         self.max_bytes = max_bytes or sys.maxsize
         self._cache: dict[tuple[str, str], Message] = {}
         self._usage: dict[str, list[int]] = {}  # namespace -> [messages, payload bytes]
-        self._logged_at: dict[str, float] = {}
+        self._log = LogThrottle(LOG_INTERVAL_S)  # one line per namespace per interval
         # Told of every change made here (the broker tells the other nodes: DESIGN.md §6).
         self.on_change: Callable[[str, Message], None] | None = None
 
@@ -186,9 +187,7 @@ class RetainedStore:
             f"the namespace holds {why}: not retained", details={"limit": limit}
         )
         metrics.record_limit_refusal(refusal.details)
-        now = time.monotonic()
-        if now - self._logged_at.get(namespace, -LOG_INTERVAL_S) >= LOG_INTERVAL_S:
-            self._logged_at[namespace] = now
+        if self._log.due(namespace):
             log.info(
                 "namespace %s holds %s (mqtt_max_%s): new retained topics are not retained; "
                 "further refusals for %.0f s are only counted (limits_rejections_count)",

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.fixtures.broker_process import start_broker
+from tests.fixtures.waiting import wait_until
 from tests.integration.kafka.conftest import confluent_conf
 
 ck = pytest.importorskip("confluent_kafka")
@@ -96,10 +97,8 @@ def test_advertised_host_is_what_clients_are_told(tmp_path) -> None:
             def hosts(admin=admin) -> dict[int, str]:
                 return {b.port: b.host for b in admin.list_topics(timeout=5).brokers.values()}
 
-            deadline = time.monotonic() + 15
-            while len(hosts()) < 2 and time.monotonic() < deadline:
-                time.sleep(0.2)
-            seen = hosts()
+            seen = wait_until(lambda hosts=hosts: len(seen := hosts()) == 2 and seen, 15,
+                              step=0.2, what="both brokers in Metadata")  # fmt: skip
             assert seen[advertised.ports["kafka"]] == "localhost"
             assert seen[plain.ports["kafka"]] == "127.0.0.1"
     finally:

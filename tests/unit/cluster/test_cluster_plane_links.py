@@ -20,6 +20,7 @@ import pytest
 import flowmq_metrics as metrics
 from flowmq_cluster import ClusterSecret, link
 from flowmq_cluster.link import Links
+from tests.fixtures.waiting import wait_until_async
 
 SECRET_TEXT = "unit-test-cluster-secret-one"
 SECRET = ClusterSecret(SECRET_TEXT)
@@ -105,14 +106,6 @@ class Server:
         return self.links.auth_failures.count
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 5) -> None:
-    """A bounded wait for a counter another task moves (checked every 10 ms)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 FORWARD = ["fwd", "default", b"forged message", True, []]
 
 
@@ -189,7 +182,7 @@ async def test_a_connection_without_the_handshake_is_closed_counted_and_delivers
         for data in _attempts()[attempt](hello[2]):
             raw.send(data)
         assert await raw.rest() == []  # closed, and no proof of the server's was sent
-        await until(lambda: server.failures == 1)
+        await wait_until_async(lambda: server.failures == 1)
         assert server.got == []
         assert metrics.cluster_auth_failures_count.value("link") - before == 1
 
@@ -211,7 +204,7 @@ async def test_failures_are_logged_once_per_address(caplog):
             raw = await Raw.connect(server.port)
             raw.send(pack(FORWARD))
             await raw.rest()
-        await until(lambda: server.failures == 5)
+        await wait_until_async(lambda: server.failures == 5)
     lines = [r.getMessage() for r in caplog.records if "127.0.0.1" in r.getMessage()]
     assert len(lines) == 1 and "link" in lines[0], lines
 
@@ -226,7 +219,7 @@ async def test_links_with_the_same_secret_carry_frames_others_do_not(client_secr
                 client.set_peer("server", ("127.0.0.1", server.port))
                 assert client.send("server", ["n", client.node_id])
             await asyncio.wait_for(server.arrived.wait(), 5)  # the same secret gets through
-            await until(lambda: server.failures >= 1)  # bad was refused
+            await wait_until_async(lambda: server.failures >= 1)  # bad was refused
             assert server.got == [["n", "good"]]
             if client_secret is not None:  # the refused side counts it too
                 assert bad.auth_failures.count >= 1
@@ -276,7 +269,7 @@ async def test_no_frame_of_ours_goes_to_a_peer_that_did_not_prove_itself(honest)
             ["hello", "proof", "incarnation", "n"] if honest else ["hello", "proof"]
         )
         if not honest:
-            await until(lambda: client.auth_failures.count >= 1)
+            await wait_until_async(lambda: client.auth_failures.count >= 1)
     finally:
         await client.stop()
         fake.close()

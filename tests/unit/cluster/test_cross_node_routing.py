@@ -15,6 +15,7 @@ from flowmq_cluster.link import Links
 from flowmq_core.message import Message
 from flowmq_meta import keys
 from flowmq_meta.memory import MemoryMetaStore
+from tests.fixtures.waiting import wait_until_async
 
 
 class Recorder(DestinationType):
@@ -274,13 +275,6 @@ async def test_a_forward_whose_receiver_goes_before_confirming_is_refused(nodes)
         await asyncio.wait_for(pending[0], 5)
 
 
-async def _until(predicate, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
-
 async def test_frames_queued_for_a_peer_that_restarted_are_dropped_not_delivered():
     """A link carries no frame across a peer's restart: what was queued while the peer was
     down was for the process that died; the new one never sees it, and the sender is told."""
@@ -294,14 +288,14 @@ async def test_frames_queued_for_a_peer_that_restarted_are_dropped_not_delivered
     second = Links("server", lambda link, frame: got.append(("second", frame)))
     try:
         client.send("server", ["n", 1])
-        await _until(lambda: got == [("first", ["n", 1])])
+        await wait_until_async(lambda: got == [("first", ["n", 1])])
         await first.stop()  # the peer's process ends
-        await _until(lambda: lost == ["server"])
+        await wait_until_async(lambda: lost == ["server"])
         client.send("server", ["n", 2])  # queued for it while it is down
         await second.start(port=port)  # a new process at the same address
-        await _until(lambda: lost == ["server", "server"])  # the queued frame is dropped
+        await wait_until_async(lambda: lost == ["server", "server"])  # the queued frame is dropped
         client.send("server", ["n", 3])
-        await _until(lambda: ("second", ["n", 3]) in got)
+        await wait_until_async(lambda: ("second", ["n", 3]) in got)
         assert got == [("first", ["n", 1]), ("second", ["n", 3])]
     finally:
         await client.stop()

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import queue
 import re
 import socket
@@ -46,6 +45,7 @@ from flowmq_wire.mqtt.packets import (
     SubscriptionOptions,
     Will,
 )
+from tests.fixtures.admin_http import api_call
 from tests.fixtures.broker_process import BrokerProcess, start_broker
 from tests.fixtures.brokers import (  # noqa: F401
     broker_fixtures,
@@ -500,23 +500,7 @@ def raw(broker) -> Iterator[Callable[..., RawClient]]:
 def http(
     base: str, method: str, path: str, token: str | None = None, body: Any = None
 ) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(base + path, data=data, method=method)
-    if token:
-        req.add_header("Authorization", f"Bearer {token}")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT) as r:
-            raw_body = r.read()
-            status = r.status
-    except urllib.error.HTTPError as exc:
-        raw_body = exc.read()
-        status = exc.code
-    try:
-        return status, json.loads(raw_body)
-    except ValueError:
-        return status, raw_body.decode()
+    return api_call(method, base + path, body, token, TIMEOUT)
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")

@@ -8,16 +8,14 @@ live counts, reads, groups and clients (test_ops_api.py) and the ``flowmq`` CLI 
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
-import urllib.error
-import urllib.request
 from typing import Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from tests.fixtures.admin_http import api_call
 from tests.fixtures.brokers import broker_fixtures, no_broker_tracebacks, uid  # noqa: F401
 
 TIMEOUT = 10.0
@@ -25,19 +23,9 @@ TIMEOUT = 10.0
 broker, fresh_broker = broker_fixtures("ops")
 
 
-def http(method: str, url: str, body: Any = None, token: str | None = None) -> tuple[int, dict]:
+def http(method: str, url: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
     """One admin API call: (status, decoded envelope)."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return api_call(method, url, body, token, TIMEOUT)
 
 
 class MqttClient:

@@ -7,14 +7,12 @@ cluster admin token.  ``http``: one admin API call with any token.
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.fixtures.admin_http import api_call
 from tests.fixtures.broker_process import BrokerProcess, start_broker
 from tests.fixtures.brokers import no_broker_tracebacks, uid  # noqa: F401
 
@@ -24,19 +22,9 @@ USERS = {"alice": ("wonderland", "a"), "bob": ("builder", "b")}
 
 def http(
     broker: BrokerProcess, method: str, path: str, body: Any = None, token: str | None = None
-) -> tuple[int, dict]:
+) -> tuple[int, Any]:
     """One admin API call (``path`` under ``/api/v1``): (status, decoded envelope)."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"{broker.http}/api/v1{path}", data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return api_call(method, f"{broker.http}/api/v1{path}", body, token, TIMEOUT)
 
 
 def set_up_tenants(broker: BrokerProcess) -> None:

@@ -11,8 +11,8 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.fixtures.broker_process import BrokerProcess, start_broker
-from tests.fixtures.cli import flowmq_user
+from tests.fixtures.acl import add_rule, deny_by_default_broker
+from tests.fixtures.broker_process import BrokerProcess
 from tests.fixtures.cluster import http
 from tests.integration.amqp.conftest import connect, drain
 from tests.integration.amqp.test_amqp_errors import channel_error
@@ -21,24 +21,10 @@ pytestmark = pytest.mark.timeout(90)
 ACCESS_REFUSED = 403
 
 
-def add_rule(broker: BrokerProcess, principal: str, resource: str, action: str, effect="allow"):
-    body = {
-        "principal": principal,
-        "namespace": "default",
-        "resource": resource,
-        "action": action,
-        "effect": effect,
-    }
-    return http("POST", f"{broker.http}/api/v1/acls", body, broker.token)["data"]["id"]
-
-
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory) -> Iterator[BrokerProcess]:
     data = tmp_path_factory.mktemp("amqp-acl") / "data"
-    for name in ("alice", "bob"):
-        added = flowmq_user(data, "add", name, "--password", "pw")
-        assert added.returncode == 0, added.stderr
-    proc = start_broker(data, "--roles", "amqp,admin", "--acl-default", "deny")
+    proc = deny_by_default_broker(data, "amqp,admin", ("alice", "bob"))
     add_rule(proc, "alice", "queue:jobs.*", "create")
     add_rule(proc, "alice", "queue:jobs.*", "consume")
     add_rule(proc, "alice", "jobs/#", "publish")

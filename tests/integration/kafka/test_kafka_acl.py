@@ -21,8 +21,8 @@ import pytest
 
 from flowmq_kas3.records import build_batch
 from flowmq_wire.kafka import REQUEST_CLASSES, ErrorCode
-from tests.fixtures.broker_process import BrokerProcess, start_broker
-from tests.fixtures.cli import flowmq_user
+from tests.fixtures.acl import add_rule, deny_by_default_broker
+from tests.fixtures.broker_process import BrokerProcess
 from tests.fixtures.cluster import http
 from tests.integration.kafka.conftest import RawKafka, bootstrap, confluent_conf
 from tests.integration.kafka.test_kafka_protocol import fetch, produce
@@ -39,17 +39,6 @@ DESCRIBE_GROUPS, DELETE_GROUPS, DESCRIBE_CONFIGS, DESCRIBE_CLUSTER = 15, 42, 32,
 LIST_OFFSETS, INIT_PRODUCER_ID = 2, 22
 
 
-def add_rule(broker: BrokerProcess, principal: str, resource: str, action: str, effect="allow"):
-    body = {
-        "principal": principal,
-        "namespace": "default",
-        "resource": resource,
-        "action": action,
-        "effect": effect,
-    }
-    return http("POST", f"{broker.http}/api/v1/acls", body, broker.token)["data"]["id"]
-
-
 def create_stream(broker: BrokerProcess, name: str) -> None:
     """As the operator (admin API), whatever the ACLs say."""
     http("POST", f"{broker.http}/api/v1/streams", {"name": name}, broker.token)
@@ -58,10 +47,7 @@ def create_stream(broker: BrokerProcess, name: str) -> None:
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory) -> Iterator[BrokerProcess]:
     data = tmp_path_factory.mktemp("kafka-acl") / "data"
-    for name in ("alice", "bob"):
-        added = flowmq_user(data, "add", name, "--password", "pw")
-        assert added.returncode == 0, added.stderr
-    proc = start_broker(data, "--roles", "kafka,admin", "--acl-default", "deny")
+    proc = deny_by_default_broker(data, "kafka,admin", ("alice", "bob"))
     # Anonymous (raw) clients: everything on open.* and group g-ok, nothing else.
     add_rule(proc, "*", "stream:open.*", "all")
     add_rule(proc, "*", "group:g-ok", "consume")

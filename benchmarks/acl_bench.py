@@ -27,7 +27,7 @@ per load.  Before the broker starts, the decision is timed with ``timeit`` on an
 hot path), a cached stream check (Kafka produce, per topic of a request), and a miss (the
 decision made from the rules).
 
-The machine's interpreter speed (``tls_bench.interpreter_speed``) is printed with the results.
+The machine's interpreter speed (``machine.interpreter_speed``) is printed with the results.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ sys.path.insert(0, str(HERE))
 
 import kafka_bench as kb  # noqa: E402  (also puts libs/ and services/ on sys.path)
 import mqtt_bench as mb  # noqa: E402
-import tls_bench as tb  # noqa: E402
+from machine import cpu_model, interpreter_speed  # noqa: E402
 
 from flowmq_core.acl import Authorizer, Rule  # noqa: E402
 
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     load_args = mb.parse_args(["--loads", "qos0", "--duration", str(args.duration)])
     load = mb.make_loads(load_args)["qos0"]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    speed = tb.interpreter_speed()
+    speed = interpreter_speed()
     rules = bench_rules(args.rules)
     decisions = time_decisions(rules)
     workdir = Path(tempfile.mkdtemp(prefix="acl-bench-"))
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "interpreter_mloops_per_s": round(speed, 2),
         "python": platform.python_version(),
-        "cpu": tb._cpu_model(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "rules": len(rules),
         "duration_s": args.duration,

@@ -87,19 +87,11 @@ class FlowMQCluster(mb.FlowMQ):
             data.mkdir()
             log = workdir / f"{node}.log"
             self.logs.append(log)
-            cmd = [sys.executable, "-m", "flowmq_broker.cli", "serve", "--data-dir", str(data)]
-            cmd += ["--processes", "1"]  # one broker per process here, not host mode
-            cmd += ["--node-id", node, "--meta", f"sqlite:///{root / 'meta.db'}"]
-            cmd += ["--objects", (root / "objects").as_uri(), "--admin-token", TOKEN]
-            for option in (
-                "--http-port",
-                "--mqtt-port",
-                "--mqtt-ws-port",
-                "--kafka-port",
-                "--amqp-port",
-            ):
-                cmd += [option, "0"]
-            cmd += ["--gossip-port", "0"]
+            cmd = mb.serve_command(
+                data,
+                *("--node-id", node, "--meta", f"sqlite:///{root / 'meta.db'}"),
+                *("--objects", (root / "objects").as_uri(), "--admin-token", TOKEN),
+            )
             if gossip is not None:
                 cmd += ["--seeds", f"127.0.0.1:{gossip}"]
             proc = mb.spawn_logged(cmd, log)

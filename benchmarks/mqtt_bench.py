@@ -58,7 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mqtt_loadgen as lg  # noqa: E402
-import tls_bench as tb  # noqa: E402
+from machine import interpreter_speed  # noqa: E402
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 READY_MARK = " ready: "
@@ -188,6 +188,16 @@ class Broker:
             _stop(proc)
 
 
+def serve_command(data: Path, *extra: str) -> list[str]:
+    """``flowmq serve`` with this interpreter on ``data``: one broker process (not host
+    mode), every listener on a free port."""
+    cmd = [sys.executable, "-m", "flowmq_broker.cli", "serve", "--data-dir", str(data)]
+    cmd += ["--processes", "1"]
+    for option in ("--http-port", "--mqtt-port", "--mqtt-ws-port", "--kafka-port", "--amqp-port"):
+        cmd += [option, "0"]
+    return [*cmd, "--gossip-port", "0", *extra]
+
+
 class FlowMQ(Broker):
     key = "flowmq"
     label = "FlowMQ-py"
@@ -204,17 +214,7 @@ class FlowMQ(Broker):
             ports_file.unlink(missing_ok=True)
             log = workdir / f"flowmq-{i}.log"
             self.logs.append(log)
-            cmd = [sys.executable, "-m", "flowmq_broker.cli", "serve", "--data-dir", str(data)]
-            cmd += ["--processes", "1"]  # one broker per process here, not host mode
-            for option in (
-                "--http-port",
-                "--mqtt-port",
-                "--mqtt-ws-port",
-                "--kafka-port",
-                "--amqp-port",
-            ):
-                cmd += [option, "0"]
-            cmd += ["--gossip-port", "0", *extra_args]
+            cmd = serve_command(data, *extra_args)
             proc = spawn_logged(cmd, log)
             self.procs.append(proc)
             wait_ready(proc, log, "flowmq")
@@ -705,8 +705,8 @@ def main(argv: list[str] | None = None) -> int:
     loads = [all_loads[k] for k in keys]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # Ratios move with the machine (DESIGN.md §11): say how fast this one runs Python.
-    speed = tb.interpreter_speed()
-    print(f"interpreter speed {speed:.1f} M loops/s (tls_bench.interpreter_speed)", flush=True)
+    speed = interpreter_speed()
+    print(f"interpreter speed {speed:.1f} M loops/s (machine.interpreter_speed)", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="mqtt-bench-"))
     brokers: list[Broker] = []
     workers: list = []

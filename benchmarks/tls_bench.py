@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import signal
@@ -38,35 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mqtt_bench as mb  # noqa: E402
-
-
-def interpreter_speed() -> float:
-    """Million iterations per second of a small pure-Python loop (best of 5)."""
-
-    def work(n: int) -> int:
-        table: dict[int, bytes] = {}
-        topic = b"site/7/device/42/telemetry"
-        for i in range(n):
-            table[i & 255] = topic[i & 7 :]
-        return len(table)
-
-    n = 300_000
-    best = math.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        work(n)
-        best = min(best, time.perf_counter() - t)
-    return n / best / 1e6
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
+from machine import cpu_model, interpreter_speed  # noqa: E402
 
 
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
@@ -206,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "interpreter_mloops_per_s": round(speed, 2),
         "python": platform.python_version(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpus": os.cpu_count(),
         "openssl": ssl.OPENSSL_VERSION,
         "duration_s": args.duration,

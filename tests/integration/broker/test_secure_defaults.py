@@ -6,16 +6,14 @@ loopback address; set explicitly, it wins."""
 from __future__ import annotations
 
 import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import paho.mqtt.client as mqtt
 import pika
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.fixtures.broker_process import BrokerProcess, start_broker
+from tests.integration.broker.test_users import connect_result
 from tests.integration.kafka.conftest import RawKafka, confluent_conf
 from tests.integration.kafka.test_kafka_protocol import API_VERSIONS, METADATA
 
@@ -76,25 +74,7 @@ def open_anonymous_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
 def mqtt_connack(port: int, protocol: int) -> int:
     """The CONNACK an anonymous paho client gets (paho reports 3.1.1 return codes 4 and 5
     as the v5 codes 0x86 and 0x87)."""
-    result: list[int] = []
-    done = threading.Event()
-    client = mqtt.Client(
-        CallbackAPIVersion.VERSION2, protocol=protocol, client_id=f"anon{time.monotonic_ns()}"
-    )
-
-    def on_connect(client, userdata, flags, reason_code, properties):
-        result.append(reason_code.value)
-        done.set()
-
-    client.on_connect = on_connect
-    client.connect(HOST, port)
-    client.loop_start()
-    try:
-        assert done.wait(10), "no CONNACK"
-    finally:
-        client.disconnect()
-        client.loop_stop()
-    return result[0]
+    return connect_result(port, protocol, None, None)
 
 
 def amqp_anonymous(port: int) -> None:

@@ -143,6 +143,7 @@ def run_once(broker: HostModeFlowMQ, args: argparse.Namespace, tag: str) -> dict
         rate=0.0,
         sub_procs=args.sub_procs,
         sub_nap=args.sub_nap,
+        persistent=False,
         flowmq_processes=1,  # one copy of the load, every connection to the shared port
     )
     cpu0, t0 = _children_cpu(), time.monotonic()

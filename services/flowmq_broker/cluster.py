@@ -7,7 +7,12 @@ the inter-broker links (and waits for them to apply it before a SUBACK goes out)
 every second that it applied every peer's latest version (anti-entropy).
 
 A published message goes to each remote node with a matching route once, whatever the number
-of subscribers there; that node fans it out to its own subscribers.  A shared subscription
+of subscribers there; that node fans it out to its own subscribers.  Plain QoS 0 MQTT
+messages go a read at a time (DESIGN.md §11): what one client's read published for a node
+goes in one ``fwdr`` frame, ``[namespace, origin client, protocol level, runs]``, each run
+``topic, count, payload bytes, PUBLISH packets`` flattened into ``runs``: the packets as the
+client sent them, joined, which the receiving node writes as they are to its subscribers of
+that protocol level (``on_forwarded_runs``, the MQTT adapter's), one write per subscriber.  A shared subscription
 group spread over several nodes gets each message on one of them (round robin over nodes).
 When a node dies, one survivor adopts what it left (its MQTT sessions, with their routes) and
 then clears its routes from the meta store; until then every broker keeps the dead node's
@@ -144,10 +149,17 @@ class ClusterRouting:
         # forwarded message is delivered with the link it came in on as its source.)
         self.on_links_blocked: Callable[[], None] | None = None
         self.on_links_free: Callable[[], None] | None = None
+        # Where ``fwdr`` frames (runs of plain QoS 0 MQTT PUBLISH packets) are delivered
+        # here: (link, namespace, origin, protocol level, runs); the MQTT adapter sets it.
+        self.on_forwarded_runs: Callable[[Link, str, str, int, list[Any]], None] | None = None
         self._answering: Link | None = None  # the link of the request being handled
         # one-way frames [kind, …] and requests [kind, request id, …] answered by
         # ["reply", request id, value]; a request handler may return an awaitable
-        self.handlers: dict[str, FrameHandler] = {"fwd": self._on_forward, "reply": self._on_reply}
+        self.handlers: dict[str, FrameHandler] = {
+            "fwd": self._on_forward,
+            "fwdr": self._on_forwarded_runs,
+            "reply": self._on_reply,
+        }
         self.requests: dict[str, RequestHandler] = {
             "route": self._on_route,
             "fwdq": self._on_confirmed_forward,
@@ -454,6 +466,8 @@ class ClusterRouting:
             trie = self.remote[namespace] = RouteTrie()
         topic_filter, group = _route_parts(route_filter)
         trie.add(topic_filter, (node, group))
+        if self.router is not None:
+            self.router.remote_routes_changed()
 
     def _unbind_remote(self, node: str, namespace: str, route_filter: str) -> None:
         trie = self.remote.get(namespace)
@@ -463,6 +477,8 @@ class ClusterRouting:
         trie.remove(topic_filter, (node, group))
         if not len(trie):
             del self.remote[namespace]
+        if self.router is not None:
+            self.router.remote_routes_changed()
 
     def _on_route(self, args: list[Any]) -> Any:
         node, token, seq, added, removed = args
@@ -633,6 +649,41 @@ class ClusterRouting:
 
         request.done.add_done_callback(settle)
         return bindings, confirmed
+
+    def remote_nodes(self, namespace: str, topic: str) -> tuple[list[str], bool]:
+        """The nodes with a plain route matching ``topic`` (sorted), and whether a shared
+        group's route on another node matches it too (then each message picks a member)."""
+        trie = self.remote.get(namespace)
+        if trie is None:
+            return [], False
+        plain: set[str] = set()
+        grouped = False
+        for node, group in trie.match(topic):
+            if group is None:
+                plain.add(node)
+            else:
+                grouped = True
+        return sorted(plain), grouped
+
+    def forward_runs(self, node: str, namespace: str, origin: str, level: int, runs: list) -> bool:
+        """Send ``node`` one ``fwdr`` frame: ``runs`` of plain QoS 0 PUBLISH packets of
+        protocol ``level`` that client ``origin`` published (see the module docstring).  QoS
+        0: nothing is confirmed; False if the node cannot take them (dead, unknown, its
+        backlog full), and a link that is now blocked is reported as ``forward`` does."""
+        links = self.links
+        if node in self._dead or not links.send(node, ["fwdr", namespace, origin, level, runs]):
+            return False
+        _forwarded(namespace).inc(sum(runs[1::4]))
+        if links.blocked(node) and self.on_links_blocked is not None:
+            self.on_links_blocked()
+        return True
+
+    def _on_forwarded_runs(self, link: Link, frame: list[Any]) -> None:
+        _, namespace, origin, level, runs = frame
+        if self.on_forwarded_runs is None:  # no MQTT adapter here: no MQTT subscriber either
+            log.warning("MQTT messages forwarded by %s to a node without MQTT", link.peer)
+            return
+        self.on_forwarded_runs(link, namespace, origin, level, runs)
 
     def _link_blocked(self, link: Link, blocked: bool) -> None:
         if not blocked and self.on_links_free is not None and not self.links.any_blocked():

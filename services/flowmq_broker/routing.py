@@ -75,6 +75,16 @@ class Forwarder(Protocol):
         deliver here and what completes when the receivers confirmed a QoS > 0 message."""
         ...
 
+    def remote_nodes(self, namespace: str, topic: str) -> tuple[list[str], bool]:
+        """The nodes with a plain route matching ``topic``, and whether a shared group's
+        route on another node matches it too."""
+        ...
+
+    def forward_runs(self, node: str, namespace: str, origin: str, level: int, runs: list) -> bool:
+        """Send ``node`` runs of plain QoS 0 MQTT PUBLISH packets in one frame; False if it
+        cannot take them (dead, unknown, backlog full)."""
+        ...
+
 
 class Router:
     """Routes a canonical topic to the bindings whose filters match it."""
@@ -98,6 +108,11 @@ class Router:
         if trie is None:
             trie = self._tries[binding.namespace] = RouteTrie()
         return trie.add(topic_filter, binding)
+
+    def remote_routes_changed(self) -> None:
+        """Another node's routes changed (the forwarder says so): what a topic reaches moved,
+        so the caches keyed by ``generation`` must go."""
+        self.generation += 1
 
     def unbind(self, binding: Binding, topic_filter: str) -> bool:
         self.generation += 1

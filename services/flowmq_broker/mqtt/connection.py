@@ -170,9 +170,13 @@ class MqttConnection(asyncio.Protocol):
     def _handle_all(self, packets: list[Any]) -> None:
         on_publish = self._on_publish
         fast = self._checked_topics()
-        forward = self.delivery.forward_qos0
-        client_id = self.client_id
-        count = size = routed_to = 0
+        delivery = self.delivery
+        # The run of plain QoS 0 PUBLISH packets on one checked topic being read: routed
+        # together when another topic or packet comes, or the read ends (_publish_run).
+        run: list[bytes] = []
+        run_topic = ""
+        run_plan: RoutePlan | None = None
+        run_size = 0
         try:
             for packet in packets:
                 if self.closing:
@@ -183,40 +187,56 @@ class MqttConnection(asyncio.Protocol):
                 cls = packet.__class__
                 if cls is tuple:  # a plain QoS 0 PUBLISH: (topic, payload, raw)
                     # Most of the traffic: on a topic already checked it goes by its route
-                    # plan, as the bytes it came in (see _on_publish).
-                    plan = fast.get(packet[0]) if fast is not None else None
-                    if plan is None:
-                        on_publish(Publish(packet[0], packet[1]), packet[2])
+                    # plan, as the bytes it came in, a run at a time (see _on_publish).
+                    topic = packet[0]
+                    if run_plan is not None:
+                        if topic == run_topic:
+                            run.append(packet[2])
+                            run_size += len(packet[1])
+                            continue
+                        self._publish_run(run_plan, run_topic, run, run_size)
+                        run_plan = None
+                    plan = fast.get(topic) if fast is not None else None
+                    if plan is not None:
+                        run, run_topic, run_plan = [packet[2]], topic, plan
+                        run_size = len(packet[1])
                         continue
-                    count += 1
-                    size += len(packet[1])
-                    routed_to += len(plan.bindings)
-                    if plan.plain:
-                        forward(self, plan, packet[0], packet[1], packet[2], client_id)
-                elif cls is Publish:
+                    delivery.send_forwards()
+                    on_publish(Publish(topic, packet[1]), packet[2])
+                    continue
+                if run_plan is not None:
+                    self._publish_run(run_plan, run_topic, run, run_size)
+                    run_plan = None
+                delivery.send_forwards()
+                if cls is Publish:
                     on_publish(packet)
                 else:
                     self._handle(packet)
                     fast = self._checked_topics()  # a SUBSCRIBE, a CONNECT may change it
-                    client_id = self.client_id
         finally:
-            if count:
-                self._in_count += count
-                self._in_bytes += size
-                self.delivery.count(self.namespace, count, routed_to)
+            if run_plan is not None:
+                self._publish_run(run_plan, run_topic, run, run_size)
+            delivery.send_forwards()
+
+    def _publish_run(self, plan: RoutePlan, topic: str, run: list[bytes], size: int) -> None:
+        """Route a run of plain QoS 0 PUBLISH packets ``run`` (``size`` payload bytes) on a
+        checked ``topic`` by its ``plan``, and count them."""
+        delivery = self.delivery
+        delivery.publish_run(self, plan, topic, run, size)
+        count = len(run)
+        self._in_count += count  # added to the metrics once per read, in data_received
+        self._in_bytes += size
+        delivery.count(self.namespace, count, count * len(plan.bindings))
 
     def _checked_topics(self) -> dict[str, RoutePlan] | None:
         """The topics this client published plain QoS 0 messages on that passed every check
-        (topic rules, ACL) and reach only local subscribers, with their route plans; valid
-        while neither the routes nor the client's ACLs change.  None: no such shortcut now
-        (not connected; other nodes with routes, whose forwards go through the router)."""
+        (topic rules, ACL) and reach only plain subscribers, here and on other nodes, with
+        their route plans; valid while neither the routes (this node's and the others') nor
+        the client's ACLs change.  None: no such shortcut now (not connected)."""
         access = self.access
         if self.session is None or access is None:
             return None
         router = self.delivery.router
-        forwarder = router.forwarder
-        if forwarder is not None and forwarder.remote:
-            return None
         if self._checked_generations != (router.generation, access.generation):
             self._checked_generations = (router.generation, access.generation)
             self._checked = {}
@@ -805,21 +825,22 @@ class MqttConnection(asyncio.Protocol):
             return
         checked = self._checked_topics() if raw is not None else None
         if checked is not None:
-            # Plain QoS 0: by the topic's route plan, as the bytes it came in, if only local
-            # subscribers want it (no Stream, Queue, shared group or other node); the topic
-            # is then remembered as checked (_handle_all takes the next ones straight).
+            # Plain QoS 0: by the topic's route plan, as the bytes it came in, if only plain
+            # subscribers want it, here or on other nodes (no Stream, Queue or shared group);
+            # the topic is then remembered as checked (_handle_all takes the next ones
+            # straight, a run at a time).
             delivery = self.delivery
             try:
                 plan = delivery.plan(delivery.plans(namespace), namespace, topic)
             except DestinationUnavailable:
                 self.m.dropped.inc()
                 return
-            if not plan.others:
+            if plan.direct:
                 if len(checked) >= MAX_CHECKED_TOPICS:
                     checked.clear()
                 checked[topic] = plan
-                if plan.plain:
-                    delivery.forward_qos0(self, plan, topic, p.payload, raw, self.client_id)
+                delivery.publish_run(self, plan, topic, [raw], len(p.payload))
+                delivery.send_forwards()
                 delivery.count(namespace, 1, len(plan.bindings))
                 return
         message = message_from(topic, p.payload, qos, p.retain, props, self.client_id)

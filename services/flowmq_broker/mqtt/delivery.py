@@ -8,6 +8,10 @@ Owns what every connection shares on the way out (DESIGN.md §11):
 * the encodings of the message being fanned out, one per outgoing shape (protocol level,
   retain flag), shared by every subscriber of that shape; a QoS 0 PUBLISH whose outgoing
   bytes equal the incoming ones is forwarded as those bytes;
+* runs of plain QoS 0 PUBLISH packets on one topic, from a local publisher's read or from a
+  peer's ``fwdr`` frame (``flowmq_broker.cluster``): written to each subscriber as the bytes
+  they came in, joined, one write per subscriber per run; what they bring to other nodes is
+  queued per (node, publisher) and goes in one frame per read (``send_forwards``);
 * the output batching: connections written to during a read are flushed once, one
   ``transport.write`` each, when the read is done;
 * flow control, told explicitly where a message came from (``source``: the publishing
@@ -44,7 +48,7 @@ from flowmq_broker.routing import Binding, DestinationType, DestinationUnavailab
 from flowmq_cluster.link import Link
 from flowmq_core.message import Message, now_ms
 from flowmq_core.topics import matches
-from flowmq_wire.mqtt.codec import PreparedPublish, encode_publish
+from flowmq_wire.mqtt.codec import MqttDecoder, PreparedPublish, encode_publish
 
 SUBSCRIPTION = "subscription"
 SHARED = "shared"
@@ -75,20 +79,25 @@ PlainTarget = tuple[tuple[str, str], list[Subscription], Subscription | None]
 
 
 class RoutePlan:
-    """Where one topic goes: the plain subscribers and every other binding with its
-    destination type."""
+    """Where one topic goes: the plain subscribers, every other binding with its destination
+    type, and the other nodes with plain routes for it (``nodes``).  ``direct``: a plain QoS
+    0 message goes by this plan alone (no Stream, Queue or shared group here or elsewhere)."""
 
-    __slots__ = ("bindings", "plain", "others")
+    __slots__ = ("bindings", "plain", "others", "nodes", "direct")
 
     def __init__(
         self,
         bindings: frozenset[Binding],
         plain: list[PlainTarget],
         others: list[tuple[DestinationType, Binding]],
+        nodes: list[str],
+        remote_groups: bool,
     ) -> None:
         self.bindings = bindings
         self.plain = plain
         self.others = others
+        self.nodes = nodes
+        self.direct = not others and not remote_groups
 
 
 class MqttDelivery:
@@ -123,6 +132,9 @@ class MqttDelivery:
         self._plans: dict[str, dict[str, RoutePlan]] = {}
         self._plans_generation = -1
         self._tally: dict[str, list[int]] = {}  # namespace -> [messages, deliveries] (count)
+        # Runs of plain QoS 0 packets for other nodes, (node, publisher) -> the frame's
+        # [namespace, origin, level, runs]: one frame each per read (send_forwards).
+        self._outbox: dict[tuple[str, SessionConnection], list[Any]] = {}
         self._shared_turn = itertools.count()
         self.subscription_type = _SubscriptionType(self)
         self.shared_type = _SharedType(self)
@@ -169,9 +181,14 @@ class MqttDelivery:
                     f"but this broker does not serve {binding.type}s yet"
                 )
             others.append((dest_type, binding))
+        nodes: list[str] = []
+        remote_groups = False
+        forwarder = router.forwarder
+        if forwarder is not None and forwarder.remote:
+            nodes, remote_groups = forwarder.remote_nodes(namespace, topic)
         if len(plans) >= 10_000:  # many distinct topics: start over rather than grow
             plans.clear()
-        plan = plans[topic] = RoutePlan(bindings, plain, others)
+        plan = plans[topic] = RoutePlan(bindings, plain, others, nodes, remote_groups)
         return plan
 
     def dispatch(
@@ -218,23 +235,97 @@ class MqttDelivery:
         tally[1] += deliveries
 
     # --- delivery ---------------------------------------------------------------------------
-    def forward_qos0(
+    def publish_run(
         self,
         source: SessionConnection,
         plan: RoutePlan,
         topic: str,
-        payload: bytes,
-        raw: bytes,
+        raws: list[bytes],
+        payload_bytes: int,
+    ) -> None:
+        """Route a run of plain QoS 0 PUBLISH packets on ``topic`` (no retain flag, no
+        properties; ``payload_bytes`` in all) read from ``source``, by ``plan`` (``direct``):
+        to the subscribers here (``deliver_run``), and queued for the other nodes with routes
+        for it, sent by ``send_forwards``."""
+        data = raws[0] if len(raws) == 1 else b"".join(raws)
+        session = source.session
+        assert session is not None
+        if plan.plain:
+            self.deliver_run(
+                source, source.level, plan, topic, data, len(raws), payload_bytes,
+                session.client_id,
+            )  # fmt: skip
+        outbox = self._outbox
+        for node in plan.nodes:
+            frame = outbox.get((node, source))
+            if frame is None:
+                frame = outbox[(node, source)] = [
+                    session.namespace, session.client_id, source.level, []
+                ]  # fmt: skip
+            frame[3] += (topic, len(raws), payload_bytes, data)
+
+    def send_forwards(self) -> None:
+        """Send what ``publish_run`` queued for other nodes: one frame per node and
+        publisher.  Called at the end of a publisher's read, and before any of its packets
+        goes another way (a message routed one at a time must not overtake a queued one)."""
+        if not self._outbox:
+            return
+        outbox, self._outbox = self._outbox, {}
+        forwarder = self.router.forwarder
+        assert forwarder is not None
+        for (node, source), (namespace, origin, level, runs) in outbox.items():
+            self.links_blocked = False
+            forwarder.forward_runs(node, namespace, origin, level, runs)
+            if self.links_blocked:  # the link is not drained: the publisher waits for it
+                self.links_blocked = False
+                self.pause_for_links(source)
+
+    def deliver_forwarded_runs(
+        self, link: Link, namespace: str, origin: str, level: int, runs: list[Any]
+    ) -> None:
+        """A peer's ``fwdr`` frame (``ClusterRouting.on_forwarded_runs``): runs of plain QoS
+        0 PUBLISH packets of protocol ``level`` from client ``origin`` on another node, for
+        the memory destinations here (the sender routed the durable ones), each run by its
+        topic's plan as a local publisher's."""
+        plans = self.plans(namespace)
+        router = self.router
+        for i in range(0, len(runs), 4):
+            topic, count, payload_bytes, data = runs[i : i + 4]
+            try:
+                plan = self.plan(plans, namespace, topic)
+            except DestinationUnavailable:  # a durable type not served here: not ours
+                plan = None
+            if plan is None or any(not t.durable and not t.one_member for t, _ in plan.others):
+                # other memory destinations than MQTT subscribers: a message each, as the
+                # router delivers a forwarded one
+                for _, payload, _ in unpack_run(data, level):
+                    message = message_from(topic, payload, 0, False, None, origin)
+                    router.deliver_forwarded(namespace, message, True, [], source=link)
+                continue
+            if plan.plain:
+                self.deliver_run(link, level, plan, topic, data, count, payload_bytes, origin)
+        self.flush_dirty()
+
+    def deliver_run(
+        self,
+        source: Source,
+        level: int,
+        plan: RoutePlan,
+        topic: str,
+        data: bytes,
+        count: int,
+        payload_bytes: int,
         origin: str,
     ) -> None:
-        """Deliver a plain QoS 0 PUBLISH (no retain flag, no properties) read from ``source``
-        to the subscribers of ``plan``, which has no other destinations: each subscriber of
-        the publisher's protocol level gets the incoming bytes ``raw`` as they are, the others
-        one encoding made for all of them; no ``Message`` unless a subscriber needs its own
-        PUBLISH (v5 subscription ids or topic aliases, several matching filters)."""
-        level = source.level
-        other: bytes | None = None  # the PUBLISH at the other protocol level
-        message: Message | None = None
+        """Deliver ``count`` plain QoS 0 PUBLISH packets on ``topic`` of protocol ``level``,
+        joined in ``data`` as client ``origin`` sent them, to the plain subscribers of
+        ``plan``: each subscriber of that level gets ``data`` as it is, in one write, the
+        others one encoding made for all of them; no ``Message`` unless a subscriber needs
+        PUBLISH packets of its own (v5 subscription ids or topic aliases, several matching
+        filters)."""
+        other: bytes | None = None  # the run at the other protocol level
+        packets: list[Any] | None = None  # (topic, payload, raw) of each, when needed
+        messages: list[Message] | None = None
         sessions = self.sessions
         for key, subs, single in plan.plain:
             session = sessions.get(key)
@@ -243,33 +334,50 @@ class MqttDelivery:
             conn = session.connection
             if conn is None:
                 continue  # offline sessions get no QoS 0 messages
-            if single is None or conn.client_alias_maximum:  # a PUBLISH of its own
-                if message is None:
-                    message = message_from(topic, payload, 0, False, None, origin)
-                self.deliver(session, message, subs, None, source)
+            if single is None or conn.client_alias_maximum:  # PUBLISH packets of its own
+                if messages is None:
+                    packets = packets or unpack_run(data, level)
+                    messages = [message_from(topic, p[1], 0, False, None, origin) for p in packets]
+                for message in messages:
+                    self.deliver(session, message, subs, None, source)
                 continue
             if single.options.no_local and session.client_id == origin:
                 continue
             if conn.transport is None:
-                conn.m.dropped.inc()
+                conn.m.dropped.inc(count)
                 continue
             if (conn.writing_paused or conn.out_bytes > WRITE_HIGH_WATER) and not self.may_write(
-                conn, source
+                conn, source, count
             ):
                 continue
             if conn.level == level:
-                data = raw
+                out = data
             else:
                 if other is None:
-                    other = encode_publish(topic, payload, 0, False, False, None, None, conn.level)
-                data = other
+                    packets = packets or unpack_run(data, level)
+                    other = b"".join(
+                        encode_publish(topic, p[1], 0, False, False, None, None, conn.level)
+                        for p in packets
+                    )
+                out = other
             limit = conn.client_max_packet
-            if limit is not None and len(data) > limit:
-                conn.m.dropped.inc()  # MQTT 5 §3.1.2.11.4
+            if limit is not None and len(out) > limit:  # some may fit: one by one
+                packets = packets or unpack_run(data, level)
+                for _, payload, raw in packets:
+                    if conn.level != level:
+                        raw = encode_publish(
+                            topic, payload, 0, False, False, None, None, conn.level
+                        )
+                    if len(raw) > limit:
+                        conn.m.dropped.inc()  # MQTT 5 §3.1.2.11.4
+                        continue
+                    conn.write(raw)
+                    conn.out_count += 1
+                    conn.out_payload += len(payload)
                 continue
-            conn.write(data)
-            conn.out_count += 1
-            conn.out_payload += len(payload)
+            conn.write(out)
+            conn.out_count += count
+            conn.out_payload += payload_bytes
 
     def deliver(
         self,
@@ -345,15 +453,15 @@ class MqttDelivery:
         )
         self._write_encoded(conn, message, qos, retain, identifiers, packet_id)
 
-    def may_write(self, conn: SessionConnection, source: Source) -> bool:
-        """Whether a QoS 0 message from ``source`` may go into ``conn``'s buffer: not past
-        the high-water mark from a local publisher (dropped, counted); from a peer link it
-        may, and the link is held until ``conn`` drains."""
+    def may_write(self, conn: SessionConnection, source: Source, count: int = 1) -> bool:
+        """Whether ``count`` QoS 0 messages from ``source`` may go into ``conn``'s buffer: not
+        past the high-water mark from a local publisher (dropped, counted); from a peer link
+        they may, and the link is held until ``conn`` drains."""
         if (
             conn.writing_paused or conn.out_bytes > WRITE_HIGH_WATER
         ) and conn.backlog() > WRITE_HIGH_WATER:
             if not isinstance(source, Link):
-                conn.m.dropped.inc()
+                conn.m.dropped.inc(count)
                 return False
             self.hold_link(source, conn)
         return True
@@ -601,6 +709,12 @@ def message_from(
     return Message(
         topic, payload, qos, retain, headers, now, None, content_type, expiry_ms, "mqtt", extra
     )
+
+
+def unpack_run(data: bytes, level: int) -> list[Any]:
+    """The ``(topic, payload, packet)`` of each plain QoS 0 PUBLISH of protocol ``level``
+    joined in ``data`` (a run ``deliver_run`` was given)."""
+    return MqttDecoder(protocol_level=level, max_packet_size=None, plain_tuples=True).feed(data)
 
 
 def properties_of(message: Message, level: int) -> dict[str, Any]:

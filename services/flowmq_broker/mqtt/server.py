@@ -167,6 +167,7 @@ class MqttServer:
             cluster.on_fenced.append(self._fenced)
             cluster.on_links_blocked = self.delivery.on_links_blocked
             cluster.on_links_free = self.delivery.on_links_free
+            cluster.on_forwarded_runs = self.delivery.deliver_forwarded_runs
         self._server, bound = await listen(
             lambda: MqttConnection(self), port, self.host, reuse_port=self.reuse_port
         )

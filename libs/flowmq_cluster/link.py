@@ -50,8 +50,9 @@ from flowmq_cluster.auth import (
 log = logging.getLogger(__name__)
 
 Addr = tuple[str, int]
-# Frames queued for a peer that is not (yet) connected; past this they are dropped: links
-# carry Subscription traffic, which is at-most-once by definition (memory push).
+# Frames queued for a peer that is not (yet) connected, counted by weight (the messages a
+# frame carries, see ``Links.send``); past this they are dropped: links carry Subscription
+# traffic, which is at-most-once by definition (memory push).
 MAX_PENDING_FRAMES = 100_000
 RECONNECT_DELAY_S = 0.2
 MAX_BUFFER_BYTES = 64 * 1024 * 1024
@@ -263,6 +264,7 @@ class _Peer:
         self.addr = addr
         self.link: Link | None = None
         self.backlog: list[Any] = []
+        self.backlog_weight = 0  # what the backlog's frames weigh (Links.send)
         self.connecting: asyncio.Task[None] | None = None
         self.incarnation: str | None = None  # the process the last link reached
 
@@ -350,8 +352,10 @@ class Links:
         peer = self._peers.get(node_id)
         return peer is not None and peer.link is not None and peer.link.blocked
 
-    def send(self, node_id: str, frame: Any) -> bool:
-        """Queue ``frame`` for ``node_id``; False if the node is unknown or its backlog full."""
+    def send(self, node_id: str, frame: Any, weight: int = 1) -> bool:
+        """Queue ``frame`` for ``node_id``; False if the node is unknown or its backlog full.
+        ``weight``: how many messages the frame carries, what it counts for in the backlog
+        of a peer not connected yet."""
         peer = self._peers.get(node_id)
         if peer is None:
             return False
@@ -359,9 +363,10 @@ class Links:
         if link is not None and link.connected:
             link.send(frame)
             return True
-        if len(peer.backlog) >= MAX_PENDING_FRAMES:
+        if peer.backlog_weight + weight > MAX_PENDING_FRAMES:
             return False
         peer.backlog.append(frame)
+        peer.backlog_weight += weight
         if peer.connecting is None and not self._closed:
             peer.connecting = asyncio.get_running_loop().create_task(self._connect(node_id, peer))
         return True
@@ -390,6 +395,7 @@ class Links:
                 link.on_blocked = self.on_blocked
                 peer.link = link
                 backlog, peer.backlog = peer.backlog, []
+                peer.backlog_weight = 0
                 restarted = peer.incarnation not in (None, link.peer_incarnation)
                 peer.incarnation = link.peer_incarnation
                 if restarted:  # what was queued was for the process that is gone

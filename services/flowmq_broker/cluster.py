@@ -671,9 +671,11 @@ class ClusterRouting:
         0: nothing is confirmed; False if the node cannot take them (dead, unknown, its
         backlog full), and a link that is now blocked is reported as ``forward`` does."""
         links = self.links
-        if node in self._dead or not links.send(node, ["fwdr", namespace, origin, level, runs]):
+        count = sum(runs[1::4])
+        frame = ["fwdr", namespace, origin, level, runs]
+        if node in self._dead or not links.send(node, frame, count):
             return False
-        _forwarded(namespace).inc(sum(runs[1::4]))
+        _forwarded(namespace).inc(count)
         if links.blocked(node) and self.on_links_blocked is not None:
             self.on_links_blocked()
         return True

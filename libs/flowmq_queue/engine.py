@@ -97,7 +97,8 @@ class QueueEngine:
         if opts.ttl_ms is not None:
             ttl_end = message.timestamp_ms + opts.ttl_ms
             expires = min(expires, ttl_end) if expires else ttl_end
-        ctx = EnqueueCtx(message, expires, opts)
+        # Held until committed only to be cached (the body is encoded already).
+        ctx = EnqueueCtx(message if opts.cache_bodies else None, expires, opts)
         future = self.parts.batcher.submit(("q", ns, queue), body, self._commit, ctx)
         ctx.future = future
         ctx.stamp = self.claims.enqueue_submitted(ns, queue)
@@ -113,7 +114,7 @@ class QueueEngine:
         for r, size in zip(results, sizes, strict=True):
             ctx = r.ctx
             if r.seq != REFUSED:
-                if opts.cache_bodies:
+                if ctx.message is not None:
                     cache.put((object_key, r.start), ctx.message, size)
                 accepted += 1
             elif not ctx.future.done():

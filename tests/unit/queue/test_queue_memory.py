@@ -17,7 +17,8 @@ pytestmark = pytest.mark.timeout(30)
 
 def _live_contexts(prefix: bytes) -> int:
     return sum(
-        isinstance(o, EnqueueCtx) and o.message.payload.startswith(prefix) for o in gc.get_objects()
+        isinstance(o, EnqueueCtx) and o.message is not None and o.message.payload.startswith(prefix)
+        for o in gc.get_objects()
     )
 
 

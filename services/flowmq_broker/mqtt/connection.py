@@ -345,7 +345,10 @@ class MqttConnection(asyncio.Protocol):
         )
         if session.expiry_interval == 0:
             self.server.discard_session(session)
-        elif session.expiry_interval != NEVER_EXPIRES:
+            return
+        if self.server.offline is not None:
+            self.server.offline.release(session)
+        if session.expiry_interval != NEVER_EXPIRES:
             session.expiry_handle = self._loop.call_later(
                 session.expiry_interval, self.server.expire, session
             )

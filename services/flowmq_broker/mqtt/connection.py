@@ -595,6 +595,12 @@ class MqttConnection(asyncio.Protocol):
 
         server = self.server
         key = (self.namespace, client_id)
+        if expiry and key not in server.sessions and server.sessions_full(self.namespace):
+            metrics.record_limit_refusal({"limit": "mqtt_max_sessions"})
+            self._refuse_connect(
+                rc.QUOTA_EXCEEDED, "the namespace's persistent sessions (mqtt_max_sessions)", p
+            )
+            return
         cluster = server.cluster
         in_cluster = cluster is not None and cluster.has_peers
         # Without clean start the session may be on another node, or have outlived a dead
@@ -684,6 +690,7 @@ class MqttConnection(asyncio.Protocol):
         session.username = self.username
         session.connection = self
         session.expiry_interval = expiry
+        server.count_persistence(session)
         self.session = session
         self.will = p.will
         self.keep_alive = p.keep_alive

@@ -66,6 +66,11 @@ class BrokerConfig:
     # Subscriptions one MQTT session may hold; a SUBSCRIBE adding more gets SUBACK 0x97
     # (v5) / 0x80 (3.1.1) for the filters past it. 0: no limit.
     mqtt_max_subscriptions: int = 10_000
+    # Persistent MQTT sessions (clean start 0 / session expiry > 0, online or offline) one
+    # namespace may have on one broker; a CONNECT that would start one more is refused (v5
+    # CONNACK 0x97, 3.1.1 0x03), resuming one is not. Offline sessions are otherwise bounded
+    # only by their expiry (mqtt_max_session_expiry). 0: no limit.
+    mqtt_max_sessions: int = 100_000
     # Longest session expiry, seconds, the broker grants (v5 Session Expiry Interval, told
     # in CONNACK when capped; 3.1.1 clean session 0, which asks for "never"): a session
     # whose client stays away longer is removed with its stored messages. 0: sessions end
@@ -241,6 +246,7 @@ class BrokerConfig:
 # Limits counted in connections, subscriptions, messages or bytes: 0 is "no limit".
 _COUNT_LIMITS = (
     "mqtt_max_subscriptions",
+    "mqtt_max_sessions",
     "mqtt_max_retained_messages",
     "mqtt_max_retained_bytes",
     "max_connections",

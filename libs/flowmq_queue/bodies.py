@@ -33,8 +33,11 @@ class BodyCache(ByteLRU[Location, Message]):
         return hit[0]
 
 
-async def load_run(objects: ObjectStore, cache: BodyCache, run: Run) -> list[Message]:
-    """The messages of ``run``, from the cache or one ranged GET covering the missing ones."""
+async def load_run(
+    objects: ObjectStore, cache: BodyCache, run: Run, *, fill: bool = True
+) -> list[Message]:
+    """The messages of ``run``, from the cache or one ranged GET covering the missing ones
+    (put into the cache unless not to ``fill`` it: a queue that is rarely read back)."""
     out: list[Message | None] = []
     missing: list[int] = []
     for i, start in enumerate(run.starts):
@@ -50,5 +53,6 @@ async def load_run(objects: ObjectStore, cache: BodyCache, run: Run) -> list[Mes
             at = run.starts[i] - lo
             message = decode_message(data[at : at + run.sizes[i]])
             out[i] = message
-            cache.put((run.object_key, run.starts[i]), message, run.sizes[i])
+            if fill:
+                cache.put((run.object_key, run.starts[i]), message, run.sizes[i])
     return out  # type: ignore[return-value]

@@ -31,8 +31,8 @@ class EnqueueCtx:
 
     __slots__ = ("expires_ms", "future", "message", "opts", "stamp")
 
-    def __init__(self, message: Message, expires_ms: int, opts: QueueOptions) -> None:
-        self.message = message
+    def __init__(self, message: Message | None, expires_ms: int, opts: QueueOptions) -> None:
+        self.message = message  # to cache once committed (None: not cached)
         self.expires_ms = expires_ms  # 0: never
         self.opts = opts
         self.future: Any = None

@@ -53,6 +53,13 @@ class QueueOptions:
     max_bytes: int | None = None
     ttl_ms: int | None = None
     dead_letter_topic: str | None = None
+    # Whether an enqueued message's body goes into the body cache (so a local consumer reads
+    # it without a GET).  Off for queues that are rarely read back, an MQTT session's: its
+    # messages would fill the cache's whole budget while no consumer reads them.
+    cache_bodies: bool = True
+    # The ``queue`` label of its metrics (None: its name).  MQTT session queues share one: a
+    # label per client id would be a series per client for the life of the process.
+    metrics_label: str | None = None
 
     @classmethod
     def of(cls, dest: Destination | None) -> QueueOptions:

@@ -76,6 +76,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         "keeps (default 64 MiB); past it publishes for it are refused (v5 0x97)",
         "mqtt_max_subscriptions": "subscriptions one MQTT session may hold (default 10000; "
         "0: no limit); past it SUBACK 0x97 / 0x80",
+        "mqtt_max_sessions": "persistent MQTT sessions per namespace on this broker (default "
+        "100000; 0: no limit); a CONNECT starting one more gets CONNACK 0x97 / 0x03",
         "mqtt_max_session_expiry": "longest MQTT session expiry granted, seconds (default "
         "604800, 7 days; also for 3.1.1 persistent sessions; 0: sessions end with their "
         "connection; 4294967295: no cap)",

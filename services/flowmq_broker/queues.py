@@ -40,7 +40,12 @@ class QueueSettings:
 
     def __init__(self, router: Router, session_max_bytes: int | None = None) -> None:
         self.router = router
-        self.session_options = QueueOptions(shards=1, max_bytes=session_max_bytes)
+        self.session_options = QueueOptions(
+            shards=1,
+            max_bytes=session_max_bytes,
+            cache_bodies=False,  # read back only at a reconnect (or never: purged once acked)
+            metrics_label="$session",
+        )
         self._options: dict[int, tuple[Destination, QueueOptions]] = {}
 
     def options(self, ns: str, queue: str) -> QueueOptions | None:

@@ -459,7 +459,7 @@ def test_a_dead_nodes_offline_session_keeps_its_stored_messages(own_cluster, cli
     # that stores it for its offline session.
     publisher.publish_all([(f"k7/{i}", f"s{i}", 1) for i in range(5)])
     stored = metric(
-        c.http, "queue_messages_enqueued_count", 'namespace="default",queue="$session/k7-away"'
+        c.http, "queue_messages_enqueued_count", 'namespace="default",queue="$session"'
     )
     assert stored == 5
     cluster.kill("c")

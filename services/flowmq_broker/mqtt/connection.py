@@ -365,7 +365,10 @@ class MqttConnection(asyncio.Protocol):
         )
         if session.expiry_interval == 0:
             self.server.discard_session(session)
-        elif session.expiry_interval != NEVER_EXPIRES:
+            return
+        if self.server.offline is not None:
+            self.server.offline.release(session)
+        if session.expiry_interval != NEVER_EXPIRES:
             session.expiry_handle = self._loop.call_later(
                 session.expiry_interval, self.server.expire, session
             )
@@ -612,6 +615,12 @@ class MqttConnection(asyncio.Protocol):
 
         server = self.server
         key = (self.namespace, client_id)
+        if expiry and key not in server.sessions and server.sessions_full(self.namespace):
+            metrics.record_limit_refusal({"limit": "mqtt_max_sessions"})
+            self._refuse_connect(
+                rc.QUOTA_EXCEEDED, "the namespace's persistent sessions (mqtt_max_sessions)", p
+            )
+            return
         cluster = server.cluster
         in_cluster = cluster is not None and cluster.has_peers
         # Without clean start the session may be on another node, or have outlived a dead
@@ -701,6 +710,7 @@ class MqttConnection(asyncio.Protocol):
         session.username = self.username
         session.connection = self
         session.expiry_interval = expiry
+        server.count_persistence(session)
         self.session = session
         self.will = p.will
         self.keep_alive = p.keep_alive

@@ -68,6 +68,13 @@ class ConnectionHost(Protocol):
 
     def expire(self, session: Session) -> None: ...
 
+    def count_persistence(self, session: Session) -> None:
+        """``session`` was put in ``sessions`` or given a new expiry (mqtt_max_sessions)."""
+
+    def sessions_full(self, namespace: str) -> bool:
+        """Whether a new persistent session in ``namespace`` is past mqtt_max_sessions."""
+        ...
+
     # --- output, delivery and flow control (shared by all connections)
     connections: set[SessionConnection]
     delivery: MqttDelivery

@@ -8,6 +8,8 @@ and any broker the client reconnects to — or the survivor that adopts a dead b
 sessions — finds it there.  On reconnect, the stored messages are taken (read; they stay
 stored until the client acknowledged them, see below) into the session's in-memory queue
 before CONNACK, behind what the session already held, so they go out first and in order.
+If the client leaves again before they went out, they are dropped from memory (``release``)
+and taken again at its next connect: an offline session holds no copy of its backlog.
 
 A connected persistent session's QoS 1/2 messages go out from memory, and a copy goes into
 the same queue (``keep``): the publisher's acknowledgement waits for it, so a message is
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 
 # The subscription identifiers a stored message goes out with (a list of ints).
 SUBSCRIPTION_IDS = "mqtt.subscription_ids"
+# In the delivery extras of a message taken from the store: its seq there (``release``).
+STORED_SEQ = "stored_seq"
 TAKE_TIMEOUT_S = 5.0
 # How often the copies of connected sessions with nothing in flight are dropped.
 TRIM_INTERVAL_S = 1.0
@@ -209,7 +213,29 @@ class OfflineStore:
         # Looked at again once idle, even if nothing was here: a store still on its way
         # (from the node the session came from) is sent then (``_purge_if_all_held``).
         self._watch(session, self._copies.get(session, 0))
-        return [_queued_item(message) for _, message in fresh]
+        return [_queued_item(message, seq) for seq, message in fresh]
+
+    def release(self, session: Session) -> int:
+        """``session`` went offline: the messages it took from the store and has not sent
+        yet stay there alone, not in memory too, until a connection takes them again (an
+        offline session could otherwise pin its whole stored backlog for its expiry, days).
+        Returns how many were let go."""
+        held = self._held.get(session)
+        if not held or not session.queue:
+            return 0
+        kept: list[QueuedItem] = []
+        for item in session.queue:
+            seq = item[3].get(STORED_SEQ)
+            if seq is None:
+                kept.append(item)
+            else:
+                held.discard(seq)
+        released = len(session.queue) - len(kept)
+        if released:
+            session.queue.clear()
+            session.queue.extend(kept)
+            session.stored = True  # the next connect takes them (``take``)
+        return released
 
     def forget(self, session: Session) -> None:
         """The session ended: drop what is stored for it."""
@@ -220,11 +246,14 @@ class OfflineStore:
         task.add_done_callback(_log_failure)
 
 
-def _queued_item(message: Message) -> QueuedItem:
+def _queued_item(message: Message, seq: int | None = None) -> QueuedItem:
     properties = dict(message.properties)  # the engine's cached copy stays as it is
     identifiers = properties.pop(SUBSCRIPTION_IDS, None) or []
     message = dataclasses.replace(message, properties=properties)
-    return message, message.qos, message.retain, {"subscription_identifier": identifiers}
+    extra: dict[str, Any] = {"subscription_identifier": identifiers}
+    if seq is not None:
+        extra[STORED_SEQ] = seq
+    return message, message.qos, message.retain, extra
 
 
 def _copy_outcome(into: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:

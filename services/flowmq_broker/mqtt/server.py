@@ -71,6 +71,7 @@ class MqttServer:
         max_packet_size: int = 1024 * 1024,
         max_keep_alive: int = 65535,
         max_subscriptions: int = 0,
+        max_sessions: int = 0,
         max_session_expiry: int = NEVER_EXPIRES,
         max_retained_messages: int = 0,
         max_retained_bytes: int = 0,
@@ -94,6 +95,10 @@ class MqttServer:
         self.max_packet_size = max_packet_size
         self.max_keep_alive = max_keep_alive
         self.max_subscriptions = max_subscriptions or sys.maxsize  # per session; 0: no limit
+        # Persistent sessions held here per namespace (their client ids), and how many a
+        # CONNECT may bring a namespace to (mqtt_max_sessions; 0: no limit).
+        self.persistent_sessions: dict[str, set[str]] = {}
+        self.max_sessions = max_sessions or sys.maxsize
         # The longest session expiry granted, seconds (NEVER_EXPIRES: no cap): v5 requests
         # above it are lowered, and 3.1.1 persistent sessions (which ask for "never") get it.
         self.max_session_expiry = max_session_expiry
@@ -142,6 +147,7 @@ class MqttServer:
             allow_anonymous=bool(services.config.allow_anonymous),
             max_keep_alive=services.config.mqtt_max_keep_alive,
             max_subscriptions=services.config.mqtt_max_subscriptions,
+            max_sessions=services.config.mqtt_max_sessions,
             max_session_expiry=services.config.mqtt_max_session_expiry,
             max_retained_messages=services.config.mqtt_max_retained_messages,
             max_retained_bytes=services.config.mqtt_max_retained_bytes,
@@ -306,6 +312,7 @@ class MqttServer:
             self.delivery.redistribute(session, self.cluster)
         if self.sessions.get((session.namespace, session.client_id)) is session:
             del self.sessions[(session.namespace, session.client_id)]
+            self.persistent_sessions.get(session.namespace, set()).discard(session.client_id)
         if session.expiry_handle is not None:
             session.expiry_handle.cancel()
         self.update_subscription_gauge()
@@ -359,10 +366,24 @@ class MqttServer:
         self.sessions[(session.namespace, session.client_id)] = session
         # Stored before the cap was set or lowered (3.1.1 sessions asked for "never"): capped.
         session.expiry_interval = min(session.expiry_interval, self.max_session_expiry)
+        self.count_persistence(session)
         if session.expiry_interval != NEVER_EXPIRES:
             session.expiry_handle = asyncio.get_running_loop().call_later(
                 session.expiry_interval, self.expire, session
             )
+
+    def count_persistence(self, session: Session) -> None:
+        """``session``, just put in ``sessions`` or given a new expiry, counts towards its
+        namespace's ``mqtt_max_sessions`` if it is persistent (``discard_session`` uncounts)."""
+        ids = self.persistent_sessions.setdefault(session.namespace, set())
+        if session.persistent():
+            ids.add(session.client_id)
+        else:
+            ids.discard(session.client_id)
+
+    def sessions_full(self, namespace: str) -> bool:
+        """Whether ``namespace`` has ``mqtt_max_sessions`` persistent sessions here."""
+        return len(self.persistent_sessions.get(namespace, ())) >= self.max_sessions
 
     # --- sessions across nodes -----------------------------------------------------------
     async def fetch_session(self, namespace: str, client_id: str) -> Session | None:

@@ -4,8 +4,12 @@ even when that broker's memory of the producer is stale, and never written twice
 
 from __future__ import annotations
 
+import asyncio
+
 from flowmq_wire.kafka import REQUEST_CLASSES
 from tests.fixtures.cluster import BrokerCluster
+from tests.fixtures.counting import CountingObjectStore
+from tests.fixtures.inprocess import joined_pair
 from tests.integration.kafka.conftest import RawKafka, wait_until
 from tests.integration.kafka.test_kafka_protocol import (
     PRODUCE,
@@ -64,3 +68,38 @@ def test_a_retry_on_another_broker_after_a_lost_answer_is_written_once(tmp_path,
 def _topic_data(topic: str, records: bytes):
     data = REQUEST_CLASSES[PRODUCE][9].TopicProduceData
     return data(name=topic, partition_data=[data.PartitionProduceData(index=0, records=records)])
+
+
+async def test_a_retry_written_elsewhere_while_the_first_copy_waits_is_stored_once(
+    tmp_path, uid
+) -> None:
+    """A broker stalls with a batch in its flush (a paused process, a slow PUT); the producer
+    gives up on it and retries on the other broker, which writes the batch; then the first
+    broker's flush goes through.  Its transaction finds the batch stored and leaves its copy
+    out, answering with the other broker's offset."""
+    async with joined_pair(tmp_path, ["kafka", "admin"]) as (a, b):
+        gated = CountingObjectStore(a.batcher.objects)
+        a.batcher.objects = gated
+        a_client, b_client = RawKafka(a.ports["kafka"]), RawKafka(b.ports["kafka"])
+        try:
+            topic = f"idem-{uid}"
+            await asyncio.to_thread(create_topic, b_client, topic)
+            pid = (await asyncio.to_thread(init_producer_id, b_client)).producer_id
+            records = _idempotent_batch(pid, 0, 0, [b"once"])
+            gated.put_gate = asyncio.Event()
+            first = asyncio.create_task(asyncio.to_thread(produce, a_client, topic, 0, records))
+            await gated.put_waiting.wait()  # A holds the batch, not yet stored
+            retried = await asyncio.to_thread(produce, b_client, topic, 0, records)
+            assert _answer(retried) == (0, 0)
+            gated.put_gate.set()
+            assert _answer(await first) == (0, 0)
+            got = await asyncio.to_thread(fetch, b_client, topic, 0, 0)
+            assert got.high_watermark == 1
+        finally:
+            a_client.close()
+            b_client.close()
+
+
+def _answer(response) -> tuple[int, int]:
+    part = response.responses[0].partition_responses[0]
+    return part.error_code, part.base_offset

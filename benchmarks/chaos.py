@@ -22,7 +22,8 @@ acknowledged may be sent again):
 The faults, one every ``seconds / faults`` s, in turn: ``kill`` (SIGKILL a random node, restart
 it 1-3 s later), ``pause`` (SIGSTOP longer than the failure detector, then SIGCONT), ``objects``
 (the object store unwritable for a few seconds: the directory made immutable, or moto's server
-stopped).
+stopped), ``meta`` (the meta store locked for a few seconds: another process holds SQLite's
+write lock with BEGIN EXCLUSIVE).
 
 The checker, once the load stopped and the consumers drained: for each protocol what was
 acknowledged, what is missing (acknowledged but neither stored nor received: must be 0),
@@ -67,6 +68,7 @@ from paho.mqtt.properties import Properties  # noqa: E402
 
 from tests.fixtures.broker_process import BrokerProcess, start_broker  # noqa: E402
 from tests.fixtures.cluster import write_secret  # noqa: E402
+from tests.fixtures.meta_lock import meta_store_locked  # noqa: E402
 
 TOKEN = "chaos"
 NODES = ("n1", "n2", "n3")
@@ -79,6 +81,7 @@ AMQP_QUEUE = "chaos-a"
 PAUSE_S = (6.0, 8.0)
 KILL_DOWN_S = (1.0, 3.0)
 OBJECTS_DOWN_S = (2.0, 4.0)
+META_LOCKED_S = (3.0, 6.0)
 MQTT_WINDOW = 10
 # Rough pacing: the point is faults under steady load, not throughput.
 KAFKA_RATE = 200.0
@@ -228,8 +231,9 @@ class ChaosCluster:
             )
             for name in NODES
         }
+        self.meta_path = root / "meta.db"
         self.shared = [
-            "--meta", f"sqlite:///{root / 'meta.db'}",
+            "--meta", f"sqlite:///{self.meta_path}",
             "--objects", objects.url,
             "--admin-token", TOKEN,
             "--cluster-secret-file", str(secret_file),
@@ -694,7 +698,7 @@ def _close_quietly(channel: Any) -> None:
 # --- faults ----------------------------------------------------------------------------------
 
 
-KINDS = ("kill", "pause", "objects")
+KINDS = ("kill", "pause", "objects", "meta")
 
 
 class Faults(threading.Thread):
@@ -739,11 +743,17 @@ class Faults(threading.Thread):
             cluster.signal(name, signal.SIGSTOP)
             time.sleep(rng.uniform(*PAUSE_S))
             cluster.signal(name, signal.SIGCONT)
-        else:
+        elif kind == "meta":
+            name = "sqlite"
+            with meta_store_locked(cluster.meta_path):
+                time.sleep(rng.uniform(*META_LOCKED_S))
+        elif kind == "objects":
             name = cluster.objects.kind
             cluster.objects.break_()
             time.sleep(rng.uniform(*OBJECTS_DOWN_S))
             cluster.objects.repair()
+        else:
+            raise ValueError(f"unknown fault kind {kind!r} (known: {', '.join(KINDS)})")
         self.log.append(
             {"kind": kind, "target": name, "at_s": round(began - self.started_at, 1),
              "lasted_s": round(time.monotonic() - began, 1)}

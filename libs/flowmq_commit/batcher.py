@@ -8,7 +8,7 @@ a *run*, adjacent in the object; ``commit.commit(tr, group, object_key, chunks)`
 once per run inside the flush's meta transaction, writes the index entries pointing into the
 run's bytes (a stream: one entry per partition per flush, however many produce requests it
 merged; a queue: one ready entry) and returns each chunk's result and the number of entries
-it wrote.
+it wrote.  A result that is an exception fails that chunk alone (a chunk the commit left out).
 
 One flush = one object PUT holding every pending chunk (each group's chunks contiguous, in
 submission order) + one meta transaction calling every commit, registering the object's
@@ -598,9 +598,7 @@ class GroupCommitBatcher:
             FLUSH_TOTAL.observe(committed - started)
             for run, run_results in zip(runs, results, strict=True):
                 _after_commit(run, run_results, key, body)
-                for item, result in zip(run.items, run_results, strict=True):
-                    if not item.future.done():
-                        item.future.set_result(result)
+                _resolve(run, run_results)
 
     async def _commit_only(self, items: list[_Item], runs: list[_Run]) -> None:
         """A flush of zero-byte chunks: their commits in one transaction, no object, the
@@ -617,9 +615,7 @@ class GroupCommitBatcher:
         self.stats.meta_only_flushes += 1
         for run, run_results in zip(runs, results, strict=True):
             _after_commit(run, run_results, "", b"")
-            for item, result in zip(run.items, run_results, strict=True):
-                if not item.future.done():
-                    item.future.set_result(result)
+            _resolve(run, run_results)
 
     def _commit(
         self,
@@ -679,6 +675,18 @@ def _after_commit(run: _Run, results: list[Any], key: str, body: bytes) -> None:
         run.commit.after_commit(run.group, results, key, run.start, run.end, data)
     except Exception:
         log.exception("kas3 after-commit callback failed")
+
+
+def _resolve(run: _Run, results: list[Any]) -> None:
+    """Hand each chunk its result; an exception is a chunk its commit left out (e.g. a
+    retried batch already stored), failed alone while the rest of the flush stands."""
+    for item, result in zip(run.items, results, strict=True):
+        if item.future.done():
+            continue
+        if isinstance(result, BaseException):
+            item.future.set_exception(result)
+        else:
+            item.future.set_result(result)
 
 
 def _fail(items: list[_Item], exc: BaseException) -> None:

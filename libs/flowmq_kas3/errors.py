@@ -44,6 +44,15 @@ class OffsetOutOfRange(Kas3Error):
         self.high_watermark = high_watermark
 
 
+class ChunkRefused(Kas3Error):
+    """Returned by an ``append_nowait(on_commit=...)`` hook to leave its chunk out of the
+    flush transaction (nothing indexed, no offsets taken); the chunk's future fails with it.
+    The Kafka adapter refuses a retried or out-of-order idempotent batch this way, checked
+    against the state stored in the very transaction that would have appended it."""
+
+    code = "kas3_chunk_refused"
+
+
 class CompactionConflict(Kas3Error):
     """The index changed under a compaction run (retention or another compactor); the run is
     abandoned and its new object scheduled for deletion."""
@@ -52,6 +61,7 @@ class CompactionConflict(Kas3Error):
 
 
 __all__ = [
+    "ChunkRefused",
     "CompactionConflict",
     "InvalidRecordBatch",
     "Kas3Error",

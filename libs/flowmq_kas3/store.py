@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from flowmq_commit.batcher import GroupCommit, GroupCommitBatcher
 from flowmq_commit.tasks import running_task
 from flowmq_kas3 import index
-from flowmq_kas3.errors import OffsetOutOfRange
+from flowmq_kas3.errors import ChunkRefused, OffsetOutOfRange
 from flowmq_kas3.index import ChunkEntry, Partition
 from flowmq_kas3.page_cache import PageCache
 from flowmq_kas3.reader import read_chunks
@@ -62,7 +62,9 @@ class _PartitionCommit(GroupCommit):
 
     def commit(
         self, tr: Transaction, group: Partition, object_key: str, chunks: list[tuple[int, int, Any]]
-    ) -> tuple[list[int], int]:
+    ) -> tuple[list[Any], int]:
+        if any(on_commit is not None for _, _, (_, _, on_commit) in chunks):
+            return self._commit_checked(tr, group, object_key, chunks)
         total = 0
         max_ts = -1
         for _, _, (count, ts, _) in chunks:
@@ -71,12 +73,44 @@ class _PartitionCommit(GroupCommit):
         base = index.append_entry(tr, group, object_key, chunks[0][0], chunks[-1][1], total, max_ts)
         results = []
         offset = base
-        for _, _, (count, _, on_commit) in chunks:
+        for _, _, (count, _, _) in chunks:
             results.append(offset)
-            if on_commit is not None:
-                on_commit(tr, offset)
             offset += count
         return results, 1
+
+    @staticmethod
+    def _commit_checked(
+        tr: Transaction, group: Partition, object_key: str, chunks: list[tuple[int, int, Any]]
+    ) -> tuple[list[Any], int]:
+        """Chunks with hooks: each hook is asked, with the base offset its chunk would get,
+        whether to append it; a refused chunk is left out (its result is the refusal) and
+        the accepted ones around it become one index entry per adjacent stretch."""
+        results: list[Any] = []
+        entries = 0
+        offset = index.read_hwm(tr, group)
+        stretch: list[tuple[int, int, int, int]] = []  # (start, end, count, max_ts)
+
+        def close_stretch() -> None:
+            nonlocal entries
+            if not stretch:
+                return
+            count = sum(c for _, _, c, _ in stretch)
+            max_ts = max(ts for _, _, _, ts in stretch)
+            index.append_entry(tr, group, object_key, stretch[0][0], stretch[-1][1], count, max_ts)
+            entries += 1
+            stretch.clear()
+
+        for start, end, (count, ts, on_commit) in chunks:
+            refused = on_commit(tr, offset) if on_commit is not None else None
+            if refused is not None:
+                results.append(refused)
+                close_stretch()
+                continue
+            results.append(offset)
+            stretch.append((start, end, count, ts))
+            offset += count
+        close_stretch()
+        return results, entries
 
     def after_commit(
         self,
@@ -121,7 +155,7 @@ class StreamStore:
         partition: int,
         records: bytes,
         *,
-        on_commit: Callable[[Transaction, int], None] | None = None,
+        on_commit: Callable[[Transaction, int], ChunkRefused | None] | None = None,
         summary: BatchesSummary | None = None,
     ) -> asyncio.Future[int]:
         """Submit one produced record set (one or more whole v2 batches) and return the
@@ -131,7 +165,10 @@ class StreamStore:
         transaction that assigns the offsets (maybe more than once, if it retries), so state
         that must be exactly as durable as the records (an idempotent producer's sequence
         numbers) is written with them.  ``summary``: ``summarize(records)``, from a caller
-        that has already walked the batches (the Kafka adapter checks their CRCs)."""
+        that has already walked the batches (the Kafka adapter checks their CRCs).  The
+        hook may return a ``ChunkRefused`` instead of None: the chunk is then not appended
+        and its future fails with that error (a retried idempotent batch another broker
+        already wrote)."""
         if summary is None:
             summary = summarize(records)
         return self.batcher.submit(

@@ -36,6 +36,15 @@ require.  It costs about 100 us per commit here (5k vs 11k txn/s single-process 
 ``NORMAL``).  ``NORMAL`` in WAL mode survives a process crash (SIGKILL) but may lose the last
 commits on an OS crash; it is accepted as a URL option for tests and benchmarks only.
 
+Locked store.  Another process holding the write lock (a backup, an operator's ``sqlite3``
+shell, a stuck broker) makes writers wait in SQLite's busy handler (``busy_timeout`` per
+attempt) and rerun; ``retry_timeout`` bounds the whole wait, busy waits included, after which
+the transaction fails with ``RetryLimitExceeded`` (a ``MetaError``: the commit engine then
+refuses durable writes fast until the store answers again).  Every transaction of a store
+runs in its one thread, so the bound is also how long a locked file can stall the broker's
+reads; the defaults (1 s and 5 s) keep that short without failing under ordinary contention,
+whose waits are milliseconds.
+
 Watches.  Other processes' commits are invisible to this process, so watched keys are polled
 (one query for all of them, every ``poll_interval`` s, only while watches exist); commits made
 through this store notify watches at once, from the values the transaction wrote.
@@ -76,6 +85,8 @@ BEGIN_MODES = ("deferred", "immediate", "adaptive")
 SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 # See the module docstring for the measurements behind this choice.
 DEFAULT_BEGIN = "adaptive"
+DEFAULT_BUSY_TIMEOUT_S = 1.0
+DEFAULT_RETRY_TIMEOUT_S = 5.0
 
 _BUSY_CODES = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 _POLL_CHUNK = 500  # bound the number of SQL variables per poll query
@@ -155,8 +166,8 @@ class SqliteMetaStore(MetaStore):
         url: str | None = None,
         synchronous: str = "FULL",
         begin: str = DEFAULT_BEGIN,
-        busy_timeout: float = 5.0,
-        retry_timeout: float = 30.0,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT_S,
+        retry_timeout: float = DEFAULT_RETRY_TIMEOUT_S,
         poll_interval: float = 0.05,
     ) -> None:
         """Open (creating if needed) the database at ``path``.  Blocks briefly: call it at
@@ -269,9 +280,24 @@ class SqliteMetaStore(MetaStore):
             raise
         return conn
 
-    def _attempt(self, fn: Callable[[Transaction], T], immediate: bool) -> tuple[T, Any]:
+    def _attempt(
+        self, fn: Callable[[Transaction], T], immediate: bool, busy_s: float
+    ) -> tuple[T, Any]:
+        """One run of ``fn``; ``busy_s``: how long SQLite may wait for the lock in it."""
         conn = self._conn
         assert conn is not None
+        shortened = busy_s < self._busy_timeout
+        if shortened:  # the last attempt before the deadline: wait only for what is left
+            conn.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
+        try:
+            return self._run(conn, fn, immediate)
+        finally:
+            if shortened:
+                conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+
+    def _run(
+        self, conn: sqlite3.Connection, fn: Callable[[Transaction], T], immediate: bool
+    ) -> tuple[T, Any]:
         try:
             conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
         except sqlite3.Error as exc:
@@ -325,14 +351,15 @@ class SqliteMetaStore(MetaStore):
             if self._closed:
                 raise MetaError(f"meta store {self.url} is closed")
             immediate = self.begin == "immediate" or (self.begin == "adaptive" and attempt > 0)
+            busy_s = max(0.0, min(self._busy_timeout, deadline - time.monotonic()))
             try:
                 result, tr = await loop.run_in_executor(
-                    self._executor, self._attempt, fn, immediate
+                    self._executor, self._attempt, fn, immediate, busy_s
                 )
             except TransactionConflict as exc:
                 attempt += 1
                 self.conflicts += 1
-                if time.monotonic() > deadline:
+                if time.monotonic() >= deadline:
                     raise RetryLimitExceeded(
                         f"transaction on {self.path} still conflicting after {attempt} "
                         f"attempts in {self._retry_timeout:g} s: {exc}"

@@ -2,7 +2,9 @@
 
 Three checks, each with a short timeout, run together:
 
-- ``meta``: a read transaction on the meta store (this node's entry in the node table);
+- ``meta``: a write transaction on the meta store (a probe key set and cleared again, so
+  nothing stays), since a read alone passes while another process holds SQLite's write lock
+  and every durable write is failing;
 - ``objects``: a small probe object put and deleted again, so a ``file://`` directory that
   became unwritable (or was replaced by a file) and a stopped S3 server are both noticed —
   a read alone would pass on a read-only disk;
@@ -25,7 +27,7 @@ from typing import Any
 
 from flowmq_commit.batcher import key_component
 from flowmq_meta import keys
-from flowmq_meta.api import MetaStore
+from flowmq_meta.api import MetaStore, Transaction
 from flowmq_objstore.api import ObjectStore
 
 CHECK_TIMEOUT_S = 2.0
@@ -75,6 +77,7 @@ class Readiness:
     def __post_init__(self) -> None:
         # A random suffix: brokers started with the same node id never delete each other's probe.
         self._probe_key = f"{PROBE_PREFIX}{key_component(self.node_id)}-{secrets.token_hex(4)}"
+        self._meta_probe_key = keys.SETTINGS.pack("readiness_probe", self._probe_key)
 
     async def checks(self) -> dict[str, CheckResult]:
         if self._running is None or self._running.done():
@@ -88,8 +91,13 @@ class Readiness:
         return {"meta": meta, "objects": objects, "cluster": self._check_cluster()}
 
     async def _check_meta(self) -> None:
-        key = keys.NODES.pack(self.node_id)
-        await self.meta.transact(lambda tr: tr.get(key))
+        key = self._meta_probe_key
+
+        def probe(tr: Transaction) -> None:
+            tr.set(key, b"flowmq readiness probe")
+            tr.clear(key)
+
+        await self.meta.transact(probe)
 
     async def _check_objects(self) -> None:
         await self.objects.put(self._probe_key, b"flowmq readiness probe")

@@ -1,13 +1,17 @@
 """The chaos harness's short schedule (benchmarks/chaos.py; long runs: ``--faults 50
 --seconds 600``): a 3-node cluster of ``flowmq serve`` processes under Kafka, MQTT and AMQP
 load through SIGKILLs and restarts and an object-store outage; nothing acknowledged may be
-missing (see below for MQTT persistent sessions across nodes), no committed offset may go
-backwards, and no consumer may be stuck.
+missing (see below for MQTT persistent sessions across nodes), no record an idempotent
+producer sent once may be in the log twice, no committed offset may go backwards, and no
+consumer may be stuck.
 
 Pauses (SIGSTOP past the failure detector, then SIGCONT) are not in this schedule yet: an MQTT
 publisher window acknowledged just after the paused node resumes can still be lost
 (``chaos.py --kinds pause --seed 3`` shows it; benchmarks/README.md, "Chaos") — an open bug
-of issue #11, which CI must not hide behind a flaky test."""
+of issue #11, which CI must not hide behind a flaky test.  Nor is the meta store locked
+(``--kinds meta``): nothing is lost through it, but on this schedule it stretches the run
+from about 50 s to 130 s (MQTT publishers stall after it) and turns the MQTT loss below into
+a stuck subscriber."""
 
 from __future__ import annotations
 
@@ -49,9 +53,6 @@ def test_nothing_acknowledged_is_lost_through_kills_and_a_store_outage(tmp_path)
     assert report["kafka"]["lost_from_log"] == 0, details
     assert not report["kafka"]["offsets_backwards"], details
     assert not report["stuck_consumers"], details
-    # Records an idempotent producer sent once must be in the log once: the Kafka adapter
-    # still writes some twice across faults (benchmarks/README.md, "Chaos"); the harness
-    # fails on it (``ok``), this schedule reports it until that is fixed.
-    twice = report["kafka"]["log_duplicates_not_resent"]
-    if twice:
-        warnings.warn(f"Kafka log: {twice} records produced once are there twice", stacklevel=1)
+    # Records an idempotent producer sent once are in the log once, whichever broker its
+    # retries reached (the flush transaction checks the stored sequence state).
+    assert report["kafka"]["log_duplicates_not_resent"] == 0, details

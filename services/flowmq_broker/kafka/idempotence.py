@@ -11,6 +11,16 @@ gives the batch its offsets (``StreamStore.append_nowait(on_commit=...)``), so a
 crash, or on another broker, the state matches exactly what was acknowledged.  A broker
 loads a producer's state the first time it sees it on a partition, and again when the
 sequence seems to have a gap (another broker may have appended since).
+
+The memory check answers most retries at once, but it can be wrong: brokers are stateless
+and any of them may take a partition's produce requests, so another broker may have written
+the batch since this one loaded the state (a retry that continues the stale state exactly
+looks new), or may write it while this broker's copy waits for its flush (a paused broker
+whose client gave up and retried elsewhere).  So the hook checks the batch again against
+the stored state, inside the transaction that would append it, and refuses a repeat
+(``DuplicateBatch``: answered with the stored offset) or a gap (``SequenceRefused``) instead
+of writing it: the meta store's serializable transactions make that the one decision that
+cannot race.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from typing import Any, NamedTuple
 
 import fdb.tuple as fdbtuple
 
-from flowmq_kas3.errors import InvalidRecordBatch
+from flowmq_kas3.errors import ChunkRefused, InvalidRecordBatch
 from flowmq_kas3.records import iter_batches
 from flowmq_meta import Transaction, decode_int, encode_int
 from flowmq_meta.api import MetaStore
@@ -108,19 +118,76 @@ class Verdict(NamedTuple):
     stale: bool = False
 
 
-def _persist(
-    key: bytes, epoch: int, first_seq: int, last_seq: int, tr: Transaction, base: int
-) -> None:
-    """In the flush transaction: add this batch to the stored state (read from the
-    transaction itself, so several batches in one flush chain correctly)."""
+class DuplicateBatch(ChunkRefused):
+    """The batch is already stored (found by the flush transaction): answer with its offset."""
+
+    code = "kafka_duplicate_batch"
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(f"batch already written at offset {offset}")
+        self.offset = offset
+
+
+class SequenceRefused(ChunkRefused):
+    """The flush transaction found the batch out of sequence (or of a fenced epoch)."""
+
+    code = "kafka_sequence_refused"
+
+    def __init__(self, error: ErrorCode) -> None:
+        super().__init__(f"sequence check failed in the flush transaction: {error.name}")
+        self.error = error
+
+
+def _judge(
+    epoch: int | None, batches: Iterable[Any], batch: ProducerBatch
+) -> tuple[ErrorCode, Any]:
+    """The sequence rules (Kafka's ProducerStateManager): ``(error, None)`` to refuse,
+    ``(NONE, entry)`` for a batch equal to one of ``batches`` (objects with ``first_seq``
+    and ``last_seq``, oldest first) and ``(NONE, None)`` to append."""
+    if epoch is not None and batch.epoch < epoch:
+        return ErrorCode.INVALID_PRODUCER_EPOCH, None
+    if epoch is None or batch.epoch > epoch:
+        ok = batch.first_seq == 0
+        return (ErrorCode.NONE if ok else ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER), None
+    last = None
+    for entry in batches:
+        if entry.first_seq == batch.first_seq and entry.last_seq == batch.last_seq:
+            return ErrorCode.NONE, entry
+        last = entry
+    expected = (last.last_seq + 1) % _SEQ_WRAP if last is not None else 0
+    if batch.first_seq != expected:
+        return ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, None
+    return ErrorCode.NONE, None
+
+
+class _Stored(NamedTuple):
+    first_seq: int
+    last_seq: int
+    offset: int
+
+
+def _check_and_persist(
+    key: bytes, batch: ProducerBatch, tr: Transaction, base: int
+) -> ChunkRefused | None:
+    """In the flush transaction: check ``batch`` against the stored state (read from the
+    transaction itself, so several batches in one flush chain correctly) and, if it is
+    new and in sequence, add it with the offset it gets."""
     raw = tr.get(key)
-    entries: list[tuple[int, int, int]] = []
+    epoch: int | None = None
+    entries: list[_Stored] = []
     if raw is not None:
-        stored_epoch, stored = fdbtuple.unpack(raw)
-        if stored_epoch == epoch:
-            entries = list(stored)
-    entries.append((first_seq, last_seq, base))
-    tr.set(key, fdbtuple.pack((epoch, tuple(entries[-KEEP_BATCHES:]))))
+        epoch, stored = fdbtuple.unpack(raw)
+        entries = [_Stored(*e) for e in stored]
+    error, same = _judge(epoch, entries, batch)
+    if error:
+        return SequenceRefused(error)
+    if same is not None:
+        return DuplicateBatch(same.offset)
+    if epoch != batch.epoch:
+        entries = []
+    entries.append(_Stored(batch.first_seq, batch.last_seq, base))
+    tr.set(key, fdbtuple.pack((batch.epoch, tuple(entries[-KEEP_BATCHES:]))))
+    return None
 
 
 class ProducerStates:
@@ -182,23 +249,20 @@ class ProducerStates:
     def check(self, key: StateKey, batch: ProducerBatch, *, loaded_now: bool = False) -> Verdict:
         """Decide on ``batch`` against the state (which must be known)."""
         state = self._states[key]
-        if state.epoch is not None and batch.epoch < state.epoch:
-            return Verdict(ErrorCode.INVALID_PRODUCER_EPOCH)
-        if state.epoch is None or batch.epoch > state.epoch:
-            if batch.first_seq == 0:
-                return Verdict()
-            return Verdict(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, stale=not loaded_now)
-        for entry in state.batches:
-            if entry.first_seq == batch.first_seq and entry.last_seq == batch.last_seq:
-                if entry.offset is not None:
-                    return Verdict(duplicate=entry.offset)
-                if entry.future is not None and not entry.future.done():
-                    return Verdict(duplicate=entry.future)
-        expected = (state.batches[-1].last_seq + 1) % _SEQ_WRAP if state.batches else 0
-        if batch.first_seq != expected:
-            stale = not loaded_now and not state.pending
-            return Verdict(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, stale=stale)
-        return Verdict()
+        error, same = _judge(state.epoch, state.batches, batch)
+        if same is not None:
+            if same.offset is not None:
+                return Verdict(duplicate=same.offset)
+            if same.future is not None and not same.future.done():
+                return Verdict(duplicate=same.future)
+            error = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER  # its write failed: a gap now
+        if error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER:
+            # A gap may be appends by another broker, unless batches of this epoch are
+            # still in flight here (they are newer than anything stored).
+            same_epoch = state.epoch is not None and batch.epoch == state.epoch
+            in_flight = same_epoch and state.pending
+            return Verdict(error, stale=not loaded_now and not in_flight)
+        return Verdict(error)
 
     def accept(self, key: StateKey, batch: ProducerBatch) -> tuple[Any, Any]:
         """Record ``batch`` as written (pending); returns the hook for the flush transaction
@@ -210,13 +274,14 @@ class ProducerStates:
         entry = _Entry(batch.first_seq, batch.last_seq, None)
         state.batches.append(entry)
         state.pending += 1
-        hook = functools.partial(
-            _persist, self._key(key), batch.epoch, batch.first_seq, batch.last_seq
-        )
+        hook = functools.partial(_check_and_persist, self._key(key), batch)
 
         def done(fut: asyncio.Future[int]) -> None:
             state.pending -= 1
-            if fut.cancelled() or fut.exception() is not None:
+            exc = None if fut.cancelled() else fut.exception()
+            if isinstance(exc, DuplicateBatch):
+                entry.offset = exc.offset  # written before, by this broker or another
+            elif fut.cancelled() or exc is not None:
                 # Not written: forget it, so the producer's retry is not a "duplicate".
                 try:
                     state.batches.remove(entry)
@@ -252,8 +317,10 @@ class ProducerStates:
 
 __all__ = [
     "KEEP_BATCHES",
+    "DuplicateBatch",
     "ProducerBatch",
     "ProducerStates",
+    "SequenceRefused",
     "StateKey",
     "Verdict",
     "producer_batch",

@@ -21,7 +21,14 @@ from typing import Any
 import flowmq_metrics as metrics
 from flowmq_broker.backpressure import KAFKA_THROTTLE_MS
 from flowmq_broker.kafka.context import RequestContext
-from flowmq_broker.kafka.idempotence import ProducerBatch, StateKey, Verdict, producer_batch
+from flowmq_broker.kafka.idempotence import (
+    DuplicateBatch,
+    ProducerBatch,
+    SequenceRefused,
+    StateKey,
+    Verdict,
+    producer_batch,
+)
 from flowmq_broker.kafka.topics import TopicError, partition_count
 from flowmq_broker.routing import Binding
 from flowmq_commit.errors import CommitError
@@ -376,7 +383,11 @@ def _apply(plan: list[tuple[str, list[_Part]]], results: list[Any]) -> None:
             if part.future is None:
                 continue
             result = next(it)
-            if isinstance(result, BaseException):
+            if isinstance(result, DuplicateBatch):
+                part.offset = result.offset  # a retry: answered as the first write was
+            elif isinstance(result, SequenceRefused):
+                part.fail(result.error, str(result))
+            elif isinstance(result, BaseException):
                 part.fail(ErrorCode.KAFKA_STORAGE_ERROR, f"not written: {result}")
             else:
                 part.offset = result

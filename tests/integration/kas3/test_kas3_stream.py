@@ -25,6 +25,7 @@ from flowmq_kas3 import (
     decode_batches,
     encode_messages,
 )
+from flowmq_kas3.errors import ChunkRefused
 from flowmq_kas3.records import CODEC_LZ4, CODEC_ZSTD
 from flowmq_meta import open_meta_store
 from flowmq_objstore import open_object_store
@@ -374,3 +375,35 @@ async def test_fetch_counts_page_cache_hits_and_misses(
     await stream_store.fetch(NS, STREAM, 0, 0, 1000)
     assert kas3_page_cache_hit_count.value() - hits == 2
     assert kas3_page_cache_miss_count.value() - misses == 1
+
+
+async def test_a_chunk_its_hook_refuses_is_left_out_of_the_flush(
+    stream_store: StreamStore, meta: CountingMetaStore
+) -> None:
+    """An ``on_commit`` hook that returns ``ChunkRefused`` (a retried idempotent batch found
+    in the flush transaction) fails its own chunk only: nothing of it is indexed, and the
+    chunks around it in the same flush keep dense offsets, each hook told its own."""
+    seen: list[tuple[bytes, int]] = []
+
+    def hook(value: bytes, refuse: bool):
+        def on_commit(tr, base: int) -> ChunkRefused | None:
+            seen.append((value, base))
+            return ChunkRefused(f"{value!r} refused") if refuse else None
+
+        return on_commit
+
+    plan = [(b"a", False), (b"b", True), (b"c", False), (b"d", True)]
+    before = meta.transactions
+    futures = [
+        stream_store.append_nowait(NS, STREAM, 0, make_batch([v]), on_commit=hook(v, refuse))
+        for v, refuse in plan
+    ]
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    assert meta.transactions - before <= 2  # one flush (and maybe its write intent)
+    assert results[0] == 0 and results[2] == 1
+    assert isinstance(results[1], ChunkRefused) and isinstance(results[3], ChunkRefused)
+    assert seen[-4:] == [(b"a", 0), (b"b", 1), (b"c", 1), (b"d", 2)]
+    assert await stream_store.high_watermark(NS, STREAM, 0) == 2
+    assert await read_all(stream_store, 0) == [(0, b"a"), (1, b"c")]
+    assert await stream_store.append(NS, STREAM, 0, make_batch([b"e"])) == 2
+    assert [v for _, v in await read_all(stream_store, 0)] == [b"a", b"c", b"e"]

@@ -13,6 +13,8 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import paho.mqtt.client as mqtt
 import pika
@@ -22,6 +24,7 @@ from confluent_kafka import KafkaError, Producer
 from paho.mqtt.enums import CallbackAPIVersion
 
 from tests.fixtures.broker_process import start_broker
+from tests.fixtures.meta_lock import meta_store_locked
 from tests.fixtures.waiting import wait_until
 from tests.integration.ops.conftest import TIMEOUT, MqttClient, http
 
@@ -87,6 +90,34 @@ def stream_values(broker, stream: str) -> list[str]:
     return [record["value"] for record in body["data"]["records"]]
 
 
+def recovers_with_exactly_the_acknowledged(
+    broker, stream: str, publisher: Publisher, channel, queue_name: str
+) -> None:
+    """After an outage: durable writes recover by themselves, and the stream holds exactly
+    what was acknowledged (one MQTT and one Kafka record before the outage, none during)."""
+    api = f"{broker.http}/api/v1"
+    wait_until(
+        lambda: http("POST", f"{api}/topics/{stream}/messages", {"payload": "http-after"},
+                     broker.token)[0] == 200,
+        20, step=0.2, what="durable writes to recover",
+    )  # fmt: skip
+    assert publisher.publish(stream, b"mqtt-after") == 0
+    assert kafka_produce(broker.ports["kafka"], stream, b"kafka-after") is None
+    assert amqp_publish(channel, queue_name, b"amqp-after")
+    stored = stream_values(broker, stream)
+    assert sorted(stored) == sorted(
+        ["mqtt-before", "kafka-before", "http-after", "mqtt-after", "kafka-after"]
+    )
+
+
+def amqp_stored(channel, queue_name: str) -> list[bytes]:
+    """The bodies in ``queue_name``, taken."""
+    bodies = []
+    while (got := channel.basic_get(queue_name, auto_ack=True))[0] is not None:
+        bodies.append(got[2])
+    return bodies
+
+
 def test_durable_writes_fail_fast_during_an_object_store_outage_and_recover(tmp_path):
     objects = tmp_path / "objects"
     broker = start_broker(tmp_path / "data", "--objects", objects.as_uri())
@@ -128,24 +159,8 @@ def test_durable_writes_fail_fast_during_an_object_store_outage_and_recover(tmp_
 
         objects.unlink()
         os.rename(moved, objects)
-        wait_until(
-            lambda: http("POST", f"{api}/topics/{stream}/messages", {"payload": "http-after"},
-                         broker.token)[0] == 200,
-            20, step=0.2, what="durable writes to recover",
-        )  # fmt: skip
-        assert publisher.publish(stream, b"mqtt-after") == 0
-        assert kafka_produce(broker.ports["kafka"], stream, b"kafka-after") is None
-        assert amqp_publish(channel, queue_name, b"amqp-after")
-
-        # Exactly what was acknowledged is stored.
-        stored = stream_values(broker, stream)
-        assert sorted(stored) == sorted(
-            ["mqtt-before", "kafka-before", "http-after", "mqtt-after", "kafka-after"]
-        )
-        bodies = []
-        while (got := channel.basic_get(queue_name, auto_ack=True))[0] is not None:
-            bodies.append(got[2])
-        assert bodies == [b"amqp-before", b"amqp-after"]
+        recovers_with_exactly_the_acknowledged(broker, stream, publisher, channel, queue_name)
+        assert amqp_stored(channel, queue_name) == [b"amqp-before", b"amqp-after"]
     finally:
         connection.close()
         subscriber.close()
@@ -177,5 +192,54 @@ def test_a_retained_message_that_could_not_be_stored_is_not_retained(tmp_path):
         finally:
             subscriber.close()
     finally:
+        publisher.close()
+        assert broker.stop() == 0
+
+
+def test_durable_writes_through_a_locked_meta_store_are_bounded_and_recover(tmp_path):
+    """Another process holds the SQLite meta store's write lock (``BEGIN EXCLUSIVE``): the
+    broker reports itself not ready, every durable publish is refused with its protocol's
+    error within the meta store's bound on waiting for the lock (5 s) instead of hanging,
+    and once the lock is gone writes recover by themselves with exactly the acknowledged
+    messages stored."""
+    broker = start_broker(tmp_path / "data")
+    api = f"{broker.http}/api/v1"
+    stream, queue_name = "locked", "locked-q"
+    assert http("POST", f"{api}/streams", {"name": stream}, broker.token)[0] == 201
+    publisher = Publisher(broker.ports["mqtt"])
+    connection = pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", broker.ports["amqp"])
+    )
+    channel = connection.channel()
+    channel.queue_declare(queue_name, durable=True)
+    channel.confirm_delivery()
+
+    def timed(publish: Callable[[], Any]) -> Any:
+        started = time.monotonic()
+        outcome = publish()
+        assert time.monotonic() - started < 8, f"{outcome} after {time.monotonic() - started} s"
+        return outcome
+
+    try:
+        assert publisher.publish(stream, b"mqtt-before") == 0
+        assert kafka_produce(broker.ports["kafka"], stream, b"kafka-before") is None
+        with meta_store_locked(tmp_path / "data" / "meta.db"):
+            status, body = http("GET", f"{api}/ready")
+            assert status == 503 and not body["error"]["details"]["checks"]["meta"]["ok"], body
+            assert timed(lambda: publisher.publish(stream, b"mqtt-locked")) == UNSPECIFIED_ERROR
+            error = timed(lambda: kafka_produce(broker.ports["kafka"], stream, b"kafka-locked"))
+            assert error is not None and error.code() == KafkaError.KAFKA_STORAGE_ERROR
+            assert not timed(lambda: amqp_publish(channel, queue_name, b"amqp-locked"))
+            status, body = timed(
+                lambda: http("POST", f"{api}/topics/{stream}/messages",
+                             {"payload": "http-locked"}, broker.token)
+            )  # fmt: skip
+            assert status == 503 and body["error"]["code"] == "store_unavailable", body
+
+        recovers_with_exactly_the_acknowledged(broker, stream, publisher, channel, queue_name)
+        assert http("GET", f"{api}/ready")[0] == 200
+        assert amqp_stored(channel, queue_name) == [b"amqp-after"]
+    finally:
+        connection.close()
         publisher.close()
         assert broker.stop() == 0

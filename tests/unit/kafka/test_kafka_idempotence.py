@@ -8,7 +8,13 @@ import asyncio
 import pytest
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
-from flowmq_broker.kafka.idempotence import ProducerBatch, ProducerStates, producer_batch
+from flowmq_broker.kafka.idempotence import (
+    DuplicateBatch,
+    ProducerBatch,
+    ProducerStates,
+    SequenceRefused,
+    producer_batch,
+)
 from flowmq_kas3.errors import InvalidRecordBatch
 from flowmq_kas3.records import build_batch
 from flowmq_meta import open_meta_store
@@ -85,6 +91,36 @@ async def test_a_pending_duplicate_waits_for_the_original() -> None:
     await asyncio.sleep(0)
     # The failed write is forgotten, so the retry is written rather than "deduplicated".
     assert states.check(KEY, b).error == ErrorCode.NONE and states.check(KEY, b).duplicate is None
+    await meta.close()
+
+
+async def test_the_flush_transaction_refuses_what_another_broker_wrote_meanwhile() -> None:
+    """Brokers A and B both pass a retried batch on their (stale) memory: B's copy is written
+    first; A's, in its own flush transaction, finds it stored and is left out, answered with
+    B's offset, and A remembers that offset for the next retry.  A gap found there is
+    refused with OUT_OF_ORDER_SEQUENCE_NUMBER."""
+    meta = open_meta_store("memory://")
+    a, b = ProducerStates(meta), ProducerStates(meta)
+    await a.load([KEY])
+    await b.load([KEY])
+    first = ProducerBatch(1000, 0, 0, 2)
+    assert a.check(KEY, first).error == b.check(KEY, first).error == ErrorCode.NONE
+    hook_a, track_a = a.accept(KEY, first)
+    hook_b, _ = b.accept(KEY, first)
+    assert await meta.transact(lambda tr: hook_b(tr, 7)) is None
+    refused = await meta.transact(lambda tr: hook_a(tr, 10))
+    assert isinstance(refused, DuplicateBatch) and refused.offset == 7
+    fut = asyncio.get_running_loop().create_future()
+    track_a(fut)
+    fut.set_exception(refused)
+    await asyncio.sleep(0)
+    assert a.check(KEY, first).duplicate == 7
+
+    gap = ProducerBatch(1000, 0, 5, 5)
+    hook_gap, _ = b.accept(KEY, gap)
+    refused = await meta.transact(lambda tr: hook_gap(tr, 10))
+    assert isinstance(refused, SequenceRefused)
+    assert refused.error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     await meta.close()
 
 

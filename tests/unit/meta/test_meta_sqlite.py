@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 
 import pytest
 
@@ -17,6 +18,7 @@ from flowmq_meta import (
 )
 from flowmq_meta.memory import MemoryMetaStore
 from flowmq_meta.sqlite import BEGIN_MODES, SqliteMetaStore
+from tests.fixtures.meta_lock import meta_store_locked
 
 K = b"\x02counter\x00"
 WAIT = 5.0
@@ -182,6 +184,24 @@ async def test_retry_limit(tmp_path) -> None:
         other.execute("ROLLBACK")
         other.close()
     await store.transact(lambda tr: tr.set(K, b"z"))  # usable again
+    assert await store.get(K) == b"z"
+    await store.close()
+
+
+async def test_a_locked_store_fails_a_transaction_within_its_retry_timeout(tmp_path) -> None:
+    """Another process's exclusive lock: the wait is bounded by ``retry_timeout`` even when
+    one busy wait (``busy_timeout``) would be longer, so a locked meta store makes durable
+    writes fail in bounded time instead of hanging."""
+    path = tmp_path / "locked.db"
+    store = SqliteMetaStore(str(path), busy_timeout=30.0, retry_timeout=0.5)
+    await store.transact(lambda tr: tr.set(K, b"x"))
+    with meta_store_locked(path):
+        started = time.monotonic()
+        with pytest.raises(RetryLimitExceeded):
+            await store.transact(lambda tr: tr.set(K, b"y"))
+        assert time.monotonic() - started < 3
+        assert await store.get(K) == b"x"  # reads still answer
+    await store.transact(lambda tr: tr.set(K, b"z"))
     assert await store.get(K) == b"z"
     await store.close()
 

@@ -1,0 +1,105 @@
+"""An idempotent producer's retry that reaches another broker (all brokers are stateless and
+take any partition's produce requests): it is recognised from the state stored with the data,
+even when that broker's memory of the producer is stale, and never written twice."""
+
+from __future__ import annotations
+
+import asyncio
+
+from flowmq_wire.kafka import REQUEST_CLASSES
+from tests.fixtures.cluster import BrokerCluster
+from tests.fixtures.counting import CountingObjectStore
+from tests.fixtures.inprocess import joined_pair
+from tests.integration.kafka.conftest import RawKafka, wait_until
+from tests.integration.kafka.test_kafka_protocol import (
+    PRODUCE,
+    _idempotent_batch,
+    create_topic,
+    fetch,
+    init_producer_id,
+    produce,
+)
+
+
+def test_a_retry_on_another_broker_after_a_lost_answer_is_written_once(tmp_path, uid) -> None:
+    cluster = BrokerCluster(tmp_path, "t", names=("a", "b")).start_all()
+    clients: list[RawKafka] = []
+    try:
+        a, b = (RawKafka(cluster[name].ports["kafka"]) for name in ("a", "b"))
+        clients += [a, b]
+        topic = f"idem-{uid}"
+        create_topic(a, topic)
+        pid = init_producer_id(a).producer_id
+
+        def send(client: RawKafka, seq: int, value: bytes) -> tuple[int, int]:
+            part = produce(client, topic, 0, _idempotent_batch(pid, 0, seq, [value]))
+            answer = part.responses[0].partition_responses[0]
+            return answer.error_code, answer.base_offset
+
+        # B learns the producer (in memory): its sequence 0 is at offset 0.
+        assert send(b, 0, b"r0") == (0, 0)
+        # Sequence 1 goes through A and lands, but the answer is lost: the connection closes
+        # without it being read.
+        lost = RawKafka(cluster["a"].ports["kafka"])
+        clients.append(lost)
+        lost.send(
+            PRODUCE,
+            9,
+            transactional_id=None,
+            acks=-1,
+            timeout_ms=5000,
+            topic_data=[_topic_data(topic, _idempotent_batch(pid, 0, 1, [b"r1"]))],
+        )
+        wait_until(lambda: fetch(b, topic, 0, 0).high_watermark == 2)
+        lost.close()
+        # The producer retries it on B, whose memory still ends at sequence 0: B's first
+        # guess is "next in sequence", and the check stored with the data says "already
+        # written at offset 1".
+        assert send(b, 1, b"r1") == (0, 1)
+        assert send(a, 1, b"r1") == (0, 1)
+        assert send(b, 2, b"r2") == (0, 2)
+        assert fetch(a, topic, 0, 0).high_watermark == 3
+    finally:
+        for client in clients:
+            client.close()
+        cluster.stop_all()
+
+
+def _topic_data(topic: str, records: bytes):
+    data = REQUEST_CLASSES[PRODUCE][9].TopicProduceData
+    return data(name=topic, partition_data=[data.PartitionProduceData(index=0, records=records)])
+
+
+async def test_a_retry_written_elsewhere_while_the_first_copy_waits_is_stored_once(
+    tmp_path, uid
+) -> None:
+    """A broker stalls with a batch in its flush (a paused process, a slow PUT); the producer
+    gives up on it and retries on the other broker, which writes the batch; then the first
+    broker's flush goes through.  Its transaction finds the batch stored and leaves its copy
+    out, answering with the other broker's offset."""
+    async with joined_pair(tmp_path, ["kafka", "admin"]) as (a, b):
+        gated = CountingObjectStore(a.batcher.objects)
+        a.batcher.objects = gated
+        a_client, b_client = RawKafka(a.ports["kafka"]), RawKafka(b.ports["kafka"])
+        try:
+            topic = f"idem-{uid}"
+            await asyncio.to_thread(create_topic, b_client, topic)
+            pid = (await asyncio.to_thread(init_producer_id, b_client)).producer_id
+            records = _idempotent_batch(pid, 0, 0, [b"once"])
+            gated.put_gate = asyncio.Event()
+            first = asyncio.create_task(asyncio.to_thread(produce, a_client, topic, 0, records))
+            await gated.put_waiting.wait()  # A holds the batch, not yet stored
+            retried = await asyncio.to_thread(produce, b_client, topic, 0, records)
+            assert _answer(retried) == (0, 0)
+            gated.put_gate.set()
+            assert _answer(await first) == (0, 0)
+            got = await asyncio.to_thread(fetch, b_client, topic, 0, 0)
+            assert got.high_watermark == 1
+        finally:
+            a_client.close()
+            b_client.close()
+
+
+def _answer(response) -> tuple[int, int]:
+    part = response.responses[0].partition_responses[0]
+    return part.error_code, part.base_offset

@@ -220,6 +220,33 @@ async def test_items_arriving_during_a_flush_wait_for_the_next(
     await batcher.close()
 
 
+async def test_the_next_flush_writes_its_object_while_the_previous_one_commits(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = await started_batcher(meta, objects, min_flush_gap=0.0)
+    txns = meta.transactions
+    commit_gate, put_gate = asyncio.Event(), asyncio.Event()
+    meta.transact_gate = commit_gate
+    first = batcher.submit("g", b"first", RECORDING, "first")
+    await meta.transact_waiting.wait()  # the first object is written, its commit held
+    objects.put_gate = put_gate
+    second = batcher.submit("g", b"second", RECORDING, "second")
+    await objects.put_waiting.wait()  # the second flush's PUT started meanwhile
+    assert not first.done()
+    put_gate.set()
+    objects.put_gate = None
+    meta.transact_gate = None
+    commit_gate.set()
+    key1 = (await first)[0]
+    key2 = (await second)[0]
+    assert key1 != key2 and batcher.stats.flushes == 2
+    # one transaction per flush, each registering the intent its successors take
+    assert meta.transactions - txns == 2
+    # flushes commit in order: the second object got the later index entry
+    assert key1 < key2
+    await batcher.close()
+
+
 async def test_failed_put_fails_every_waiter_and_acknowledges_nothing(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:

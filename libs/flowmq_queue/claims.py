@@ -309,7 +309,7 @@ class ClaimRounds:
             return None
         base = self._claim_base
         self._claim_base += 1_000_000
-        dirty = {id(lq): lq.dirty for lq, _, _, _ in claims}
+        dirty = {id(lq): (lq.dirty, lq.submitted) for lq, _, _, _ in claims}
         return Round(
             now, lease_deadline, self.parts.holder, base, ops, dead_done, settles, claims, dirty
         )
@@ -431,7 +431,7 @@ class ClaimRounds:
             for key, run in out.dead:
                 self.spawn(self.publish_dead(lease.ns, lease.queue, key, run))
 
-    async def _apply_claims(self, result: RoundResult, dirty: dict[int, int]) -> None:
+    async def _apply_claims(self, result: RoundResult, dirty: dict[int, tuple[int, int]]) -> None:
         handouts: list[tuple[Consumer, list[Delivery]]] = []
         for lq, wants, claimed, expired in result.claims:
             self._account_claim(lq, wants, claimed, expired, dirty)
@@ -456,17 +456,20 @@ class ClaimRounds:
         wants: list[Want],
         claimed: list[index.Claimed],
         expired: int,
-        dirty: dict[int, int],
+        dirty: dict[int, tuple[int, int]],
     ) -> None:
         """Release the wants' reservations; a queue that gave less than asked (and had no
-        local enqueue since) is not claimed from again until something marks it ready."""
+        local enqueue committed or submitted since) is not claimed from again until
+        something marks it ready.  (An enqueue submitted meanwhile is in a later flush: the
+        next round rides that flush and claims it in the same transaction, rather than in a
+        transaction of its own once it committed.)"""
         for w in wants:
             c = self._consumers.get(w.consumer)
             if c is not None:
                 c.reserved = max(0, c.reserved - w.n)
         got = sum(len(c.run) for c in claimed)
         if got < sum(w.n for w in wants if not w.consumer.startswith("get#")) and (
-            lq.dirty == dirty.get(id(lq))
+            (lq.dirty, lq.submitted) == dirty.get(id(lq))
         ):
             lq.maybe_ready = False
         if expired:

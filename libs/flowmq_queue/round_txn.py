@@ -61,7 +61,8 @@ class Round:
     dead_done: list[tuple[str, str, bytes, Run]]
     settles: list[tuple[Lease, Settle, QueueOptions]]
     claims: list[ClaimPlan]
-    dirty: dict[int, int]  # id(local queue) -> its ``dirty`` when the round was taken
+    # id(local queue) -> its ``dirty`` and ``submitted`` when the round was taken
+    dirty: dict[int, tuple[int, int]]
 
     def work(self, tr: Transaction, protect: str | None = None) -> RoundResult:
         """Settles, claims and finished dead letters in one transaction.  ``protect``: the

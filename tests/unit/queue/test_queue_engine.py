@@ -332,3 +332,44 @@ async def test_publish_to_delivery_is_one_flush_for_a_waiting_consumer(env) -> N
         assert count[0] == 6
     finally:
         meta.transact = inner
+
+
+async def test_an_enqueue_submitted_during_a_round_is_claimed_by_the_flush_storing_it(
+    env,
+) -> None:
+    """A round that claimed less than it asked for, while another enqueue waited for a later
+    flush, keeps the queue ready: the next round rides that flush and claims the message in
+    its transaction, not in a claim transaction of its own once it has committed."""
+    env.queue("q")
+    inbox = env.consumer("q", prefetch=10)
+    await env.settle()
+    opts = env.options[("default", "q")]
+    meta = env.batcher.meta
+    inner = meta.transact
+    count = [0]
+    gate = asyncio.Event()
+    held = asyncio.Event()
+
+    async def counting(fn):
+        count[0] += 1
+        if count[0] == 1:  # the first flush's commit waits until the others are queued
+            held.set()
+            await gate.wait()
+        return await inner(fn)
+
+    meta.transact = counting
+    try:
+        first = env.engine.enqueue("default", "q", Message("q", b"m0"), opts)
+        await held.wait()  # the first flush (its round riding with it) is committing
+        second = env.engine.enqueue("default", "q", Message("q", b"m1"), opts)
+        while env.batcher.pending_bytes:  # the second flush takes m1 and waits its turn
+            await asyncio.sleep(0)
+        third = env.engine.enqueue("default", "q", Message("q", b"m2"), opts)
+        gate.set()
+        await asyncio.gather(first, second, third)
+        await inbox.wait(3)
+        assert sorted(inbox.payloads()) == [b"m0", b"m1", b"m2"]
+        # three flushes, the later messages claimed by the third one's riding round
+        assert count[0] == 3
+    finally:
+        meta.transact = inner

@@ -17,7 +17,8 @@ reference count, and registering the write intent of the next flush's object (se
 costing a second transaction per flush).  Only after that transaction commits are the
 submitters' futures resolved; if the PUT or the transaction fails, every submitter of that
 flush gets the exception and nothing of it is acknowledged.  A zero-byte chunk rides the
-next flush's transaction without adding to the object (a queue's claim round does that).
+next flush's transaction without adding to the object (a queue's claim round does that),
+committed after every chunk with bytes (so a claim sees everything its flush enqueued).
 
 Flush policy (adaptive group commit): flushes are pipelined two deep and commit in order.
 While a flush writes its object new chunks wait for the next; once the PUT is done and the
@@ -728,15 +729,18 @@ class GroupCommitBatcher:
 
 
 def _layout(items: list[_Item]) -> tuple[list[_Run], bytes]:
-    """Order chunks by group (first-seen order, submission order within a group) and cut
-    them into commit runs; returns the runs and the object body."""
+    """Order chunks by group (first-seen order, submission order within a group; groups of
+    zero-byte chunks only last) and cut them into commit runs; returns the runs and the
+    object body."""
     by_group: dict[Hashable, list[_Item]] = {}
     for item in items:
         by_group.setdefault(item.group, []).append(item)
+    groups = list(by_group.values())
+    groups.sort(key=lambda group_items: not any(item.data for item in group_items))
     runs: list[_Run] = []
     parts: list[bytes] = []
     pos = 0
-    for group_items in by_group.values():
+    for group_items in groups:
         previous: _Run | None = None
         for item in group_items:
             end = pos + len(item.data)

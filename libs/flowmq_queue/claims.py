@@ -83,6 +83,7 @@ class ClaimRounds:
         self._gets: list[Consumer] = []
         self._claim_base = 0
         self._round_commit = RoundCommit()
+        self._riding: Round | None = None  # the round riding a flush now, if any
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -200,12 +201,24 @@ class ClaimRounds:
             wakeup.set()
         return lq.submitted
 
-    def mark_ready(self, ns: str, queue: str, stamp: int = 0) -> None:
+    def mark_ready(self, ns: str, queue: str, stamp: int = 0, flush_key: str = "") -> None:
         """Messages were committed to the queue (or returned to it): claim soon, unless a
-        round riding this flush or a later one claims after the enqueue ``stamp``."""
+        round riding this flush or a later one claims after the enqueue ``stamp``.
+        ``flush_key``: the object of the flush that committed them, if one did."""
         lq = self._queues.get((ns, queue))
         if lq is not None:
             if 0 < stamp <= lq.covered:
+                return
+            riding = self._riding
+            if (
+                stamp
+                and riding is not None
+                and riding.flush_key == flush_key
+                and any(planned is lq for planned, _, _, _ in riding.claims)
+            ):
+                # The round riding this flush claimed for the queue after its enqueues
+                # (even those submitted after the round was): it saw these messages.
+                lq.covered = max(lq.covered, stamp)
                 return
             lq.maybe_ready = True
             lq.dirty += 1
@@ -329,7 +342,11 @@ class ClaimRounds:
         if self.piggyback and rides and batcher.outage is None:
             for lq, _, _, _ in round_.claims:
                 lq.covered = lq.submitted  # committed after every enqueue submitted so far
-            return await batcher.submit(("queue-round",), b"", self._round_commit, round_)
+            self._riding = round_
+            try:
+                return await batcher.submit(("queue-round",), b"", self._round_commit, round_)
+            finally:
+                self._riding = None
         return await self.parts.meta.transact(round_.work)
 
     def _restore(self, round_: Round) -> None:
@@ -469,7 +486,7 @@ class ClaimRounds:
                 c.reserved = max(0, c.reserved - w.n)
         got = sum(len(c.run) for c in claimed)
         if got < sum(w.n for w in wants if not w.consumer.startswith("get#")) and (
-            (lq.dirty, lq.submitted) == dirty.get(id(lq))
+            _nothing_new(lq, dirty.get(id(lq)))
         ):
             lq.maybe_ready = False
         if expired:
@@ -550,3 +567,12 @@ class ClaimRounds:
         now = self.parts.clock()
         if any(self._renewal_due(lease, now) for lease in self._leases.values()):
             self.kick()
+
+
+def _nothing_new(lq: LocalQueue, taken: tuple[int, int] | None) -> bool:
+    """Nothing was committed to the queue since the round was ``taken`` (its ``dirty`` and
+    ``submitted`` then), and nothing submitted that the round did not see."""
+    if taken is None:
+        return False
+    dirty, submitted = taken
+    return lq.dirty == dirty and (lq.submitted == submitted or lq.submitted <= lq.covered)

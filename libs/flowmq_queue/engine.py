@@ -117,7 +117,7 @@ class QueueEngine:
                 r.ctx.future.set_exception(_queue_full(ns, queue, r))
         if accepted:
             metrics.queue_messages_enqueued_count.labels(ns, queue).inc(accepted)
-            self.claims.mark_ready(ns, queue, results[-1].ctx.stamp)
+            self.claims.mark_ready(ns, queue, results[-1].ctx.stamp, object_key)
 
     # --- consumers -------------------------------------------------------------------------
 

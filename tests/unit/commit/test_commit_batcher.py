@@ -437,11 +437,26 @@ async def test_a_zero_byte_chunk_rides_the_flush_transaction(
     the flush's object key, and the object holds only the other chunks' bytes."""
     batcher = await started_batcher(meta, objects)
     txns = meta.transactions
-    data = batcher.submit("g", b"data", RECORDING, "data")
-    rider = batcher.submit(("round",), b"", Fixed(0))
+    order: list[str] = []
+
+    class Rider(Fixed):
+        def commit(self, tr, group, object_key, chunks):
+            order.append("rider")
+            return super().commit(tr, group, object_key, chunks)
+
+    class Data(Recording):
+        def commit(self, tr, group, object_key, chunks):
+            order.append("data")
+            return super().commit(tr, group, object_key, chunks)
+
+    rider = batcher.submit(("round",), b"", Rider(0))
+    data = batcher.submit("g", b"data", Data(), "data")
     await batcher.flush()
     key = data.result()[0]
     assert rider.result() == key
+    # committed after the chunks with bytes, though submitted first: a claim riding the
+    # flush sees what the flush enqueued
+    assert order == ["data", "rider"]
     assert meta.transactions - txns == 1
     assert await objects.get(key) == b"data"
     assert await meta.inner.transact(lambda tr: ref_count(tr, key)) == 1

@@ -11,6 +11,7 @@ from flowmq_commit import MaintenanceOptions, collect_garbage
 from flowmq_core.message import Message
 from flowmq_meta.keys import OBJECT_REFS, QUEUE_INFLIGHT, QUEUE_READY
 from flowmq_queue import QueueEngine, QueueFull, QueueOptions
+from tests.fixtures.counting import CountingObjectStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -371,5 +372,46 @@ async def test_an_enqueue_submitted_during_a_round_is_claimed_by_the_flush_stori
         assert sorted(inbox.payloads()) == [b"m0", b"m1", b"m2"]
         # three flushes, the later messages claimed by the third one's riding round
         assert count[0] == 3
+    finally:
+        meta.transact = inner
+
+
+async def test_enqueues_after_the_riding_round_in_the_same_flush_need_no_claim_of_their_own(
+    env,
+) -> None:
+    """The round riding a flush claims after all of the flush's enqueues, even those
+    submitted after the round: their commit does not start a claim transaction."""
+    env.queue("q")
+    env.queue("other")
+    inbox = env.consumer("q", prefetch=10)
+    await env.settle()
+    objects = CountingObjectStore(env.batcher.objects)
+    env.batcher.objects = objects
+    gate = asyncio.Event()
+    objects.put_gate = gate
+    meta = env.batcher.meta
+    inner = meta.transact
+    count = [0]
+
+    async def counting(fn):
+        count[0] += 1
+        return await inner(fn)
+
+    meta.transact = counting
+    try:
+        blocker = env.engine.enqueue("default", "other", Message("other", b"x"), QueueOptions())
+        await objects.put_waiting.wait()  # a flush is writing: the next ones accumulate
+        opts = env.options[("default", "q")]
+        first = env.engine.enqueue("default", "q", Message("q", b"m0"), opts)
+        while env.engine.claims._riding is None:  # the round it woke joins the next flush
+            await asyncio.sleep(0)
+        second = env.engine.enqueue("default", "q", Message("q", b"m1"), opts)
+        objects.put_gate = None
+        gate.set()
+        await asyncio.gather(blocker, first, second)
+        await inbox.wait(2)
+        await env.settle()
+        assert inbox.payloads() == [b"m0", b"m1"]
+        assert count[0] == 2  # the two flushes; the second one's round claimed both
     finally:
         meta.transact = inner

@@ -310,16 +310,7 @@ async def test_publish_to_delivery_is_one_flush_for_a_waiting_consumer(env) -> N
     env.queue("q")
     inbox = env.consumer("q", prefetch=10)
     await env.settle()
-    meta = env.batcher.meta
-    inner = meta.transact
-    count = [0]
-
-    async def counting(fn):
-        count[0] += 1
-        return await inner(fn)
-
-    meta.transact = counting
-    try:
+    with env.counted_transactions() as count:
         for i in range(3):
             future = env.engine.enqueue(
                 "default", "q", Message("q", f"m{i}".encode()), env.options[("default", "q")]
@@ -331,8 +322,6 @@ async def test_publish_to_delivery_is_one_flush_for_a_waiting_consumer(env) -> N
             await env.settle()
         # per message: the flush (enqueue + claim) and the ack's round
         assert count[0] == 6
-    finally:
-        meta.transact = inner
 
 
 async def test_an_enqueue_submitted_during_a_round_is_claimed_by_the_flush_storing_it(
@@ -345,21 +334,15 @@ async def test_an_enqueue_submitted_during_a_round_is_claimed_by_the_flush_stori
     inbox = env.consumer("q", prefetch=10)
     await env.settle()
     opts = env.options[("default", "q")]
-    meta = env.batcher.meta
-    inner = meta.transact
-    count = [0]
     gate = asyncio.Event()
     held = asyncio.Event()
 
-    async def counting(fn):
-        count[0] += 1
-        if count[0] == 1:  # the first flush's commit waits until the others are queued
+    async def hold_the_first(n: int) -> None:
+        if n == 1:  # the first flush's commit waits until the others are queued
             held.set()
             await gate.wait()
-        return await inner(fn)
 
-    meta.transact = counting
-    try:
+    with env.counted_transactions(hold_the_first) as count:
         first = env.engine.enqueue("default", "q", Message("q", b"m0"), opts)
         await held.wait()  # the first flush (its round riding with it) is committing
         second = env.engine.enqueue("default", "q", Message("q", b"m1"), opts)
@@ -372,8 +355,6 @@ async def test_an_enqueue_submitted_during_a_round_is_claimed_by_the_flush_stori
         assert sorted(inbox.payloads()) == [b"m0", b"m1", b"m2"]
         # three flushes, the later messages claimed by the third one's riding round
         assert count[0] == 3
-    finally:
-        meta.transact = inner
 
 
 async def test_enqueues_after_the_riding_round_in_the_same_flush_need_no_claim_of_their_own(
@@ -389,16 +370,7 @@ async def test_enqueues_after_the_riding_round_in_the_same_flush_need_no_claim_o
     env.batcher.objects = objects
     gate = asyncio.Event()
     objects.put_gate = gate
-    meta = env.batcher.meta
-    inner = meta.transact
-    count = [0]
-
-    async def counting(fn):
-        count[0] += 1
-        return await inner(fn)
-
-    meta.transact = counting
-    try:
+    with env.counted_transactions() as count:
         blocker = env.engine.enqueue("default", "other", Message("other", b"x"), QueueOptions())
         await objects.put_waiting.wait()  # a flush is writing: the next ones accumulate
         opts = env.options[("default", "q")]
@@ -413,5 +385,3 @@ async def test_enqueues_after_the_riding_round_in_the_same_flush_need_no_claim_o
         await env.settle()
         assert inbox.payloads() == [b"m0", b"m1"]
         assert count[0] == 2  # the two flushes; the second one's round claimed both
-    finally:
-        meta.transact = inner

@@ -537,6 +537,9 @@ class GroupCommitBatcher:
         finally:
             self._put_done()
             done.set_result(None)
+            # Out of the flights before waking the loop, which counts them (the task's own
+            # done callback would only run an iteration later, and the wake-up be lost).
+            self._flights.discard(asyncio.current_task())  # type: ignore[arg-type]
             self._wake()
 
     def _put_done(self) -> None:

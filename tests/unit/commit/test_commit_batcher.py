@@ -247,6 +247,36 @@ async def test_the_next_flush_writes_its_object_while_the_previous_one_commits(
     await batcher.close()
 
 
+async def test_a_flush_finishing_lets_the_waiting_chunks_start_the_next_at_once(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    """Two flushes in flight (one committing, one waiting for it): when the first has
+    committed, chunks waiting for a free slot start writing their object while the second
+    commits, without waiting for another submission to wake the batcher."""
+    batcher = await started_batcher(meta, objects, min_flush_gap=0.0)
+    first_commit, second_commit, third_put = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    meta.transact_gate = first_commit
+    first = batcher.submit("g", b"first", RECORDING, "first")
+    await meta.transact_waiting.wait()
+    second = batcher.submit("g", b"second", RECORDING, "second")
+    while objects.puts < 2:  # the second object is written; its commit waits for the first
+        await asyncio.sleep(0)
+    third = batcher.submit("g", b"third", RECORDING, "third")
+    meta.transact_gate = second_commit
+    meta.transact_waiting.clear()
+    objects.put_gate = third_put
+    objects.put_waiting.clear()
+    first_commit.set()
+    await first
+    await meta.transact_waiting.wait()  # the second flush is committing, held
+    await asyncio.wait_for(objects.put_waiting.wait(), 5)  # and the third one's PUT started
+    meta.transact_gate = objects.put_gate = None
+    second_commit.set()
+    third_put.set()
+    assert len({(await f)[0] for f in (second, third)}) == 2
+    await batcher.close()
+
+
 async def test_failed_put_fails_every_waiter_and_acknowledges_nothing(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:

@@ -20,7 +20,8 @@ by the measured duration.  For FlowMQ the run also reports meta-store transactio
 consumed message (the broker counts its own ``transact`` calls) and the broker's CPU time per
 consumed message (less sensitive to a busy machine than the rates).  Clients: amqp_loadgen.py.
 ``BENCH_FLUSH_INTERVAL=<seconds>`` overrides the batcher's file-store flush interval in the
-FlowMQ child (experiments only; the default is the broker's own).
+FlowMQ child, ``BENCH_PIPELINE_DEPTH=<n>`` the number of flushes in flight (1: one at a
+time, as before pipelining) — experiments only; the defaults are the broker's own.
 """
 
 from __future__ import annotations
@@ -259,6 +260,11 @@ def serve_flowmq(data_dir: str, amqp_port: int, stats_file: str) -> None:
         import flowmq_commit.batcher as batcher
 
         batcher.DEFAULT_FLUSH_INTERVAL["file"] = float(interval)
+    depth = os.environ.get("BENCH_PIPELINE_DEPTH")
+    if depth is not None:  # experiments only: what pipelined flushes gain or cost
+        import flowmq_commit.batcher as batcher
+
+        batcher.PIPELINE_DEPTH = int(depth)
 
     async def main() -> None:
         config = BrokerConfig(

@@ -17,14 +17,21 @@ reference count, and registering the write intent of the next flush's object (se
 costing a second transaction per flush).  Only after that transaction commits are the
 submitters' futures resolved; if the PUT or the transaction fails, every submitter of that
 flush gets the exception and nothing of it is acknowledged.  A zero-byte chunk rides the
-next flush's transaction without adding to the object (a queue's claim round does that).
+next flush's transaction without adding to the object (a queue's claim round does that),
+committed after every chunk with bytes (so a claim sees everything its flush enqueued).
 
-Flush policy (adaptive group commit): flushes run one at a time, so they commit in order,
-and while one is in flight new chunks wait for the next.  When none is in flight, a chunk
-starts one at once: after one loop iteration, so that the rest of the read that submitted it
-(and a claim round it wakes) joins, and no sooner than ``min_flush_gap`` after the previous
-flush started (S3: every PUT is billed).  Latency at low load is then one PUT + one meta
-transaction; at high load each flush carries whatever arrived during the previous one.
+Flush policy (adaptive group commit): flushes are pipelined two deep and commit in order.
+While a flush writes its object new chunks wait for the next; once the PUT is done and the
+flush waits for (or runs) its meta transaction, the next flush may start writing its own
+object, and commits after it (so the object write of one flush overlaps the transaction of
+the one before; DESIGN.md §13: several flushes may be in flight).  When no PUT is in flight,
+a chunk starts a flush at once: after one loop iteration, so that the rest of the read that
+submitted it (and a claim round it wakes) joins, and no sooner than ``min_flush_gap`` after
+the previous flush started (S3: every PUT is billed).  Latency at low load is then one PUT +
+one meta transaction; at high load each flush carries whatever arrived during the previous
+one's PUT.  Every flush's object key has a write intent registered before its PUT: the
+transaction of each flush registers the intents of the next ones (``PIPELINE_DEPTH`` keys
+kept ready), so pipelining costs no extra transaction.
 ``size_threshold`` and ``flush_interval`` (the oldest pending chunk's age) stay as upper
 bounds; with ``min_flush_gap=None`` they are the only triggers (a fixed-interval batcher).
 A flush of zero-byte chunks only is one meta transaction, with no PUT.  Cost per chunk: one
@@ -107,6 +114,8 @@ DEFAULT_FLUSH_INTERVAL = {"file": 0.003, "s3": 0.1}
 DEFAULT_MIN_FLUSH_GAP = {"file": 0.0, "s3": DEFAULT_FLUSH_INTERVAL["s3"]}
 DEFAULT_INTENT_LEASE_MS = 10 * 60 * 1000
 DEFAULT_MAX_FLUSH_ITEMS = 10_000
+# Flushes in flight at once: one writing its object while the one before commits.
+PIPELINE_DEPTH = 2
 _RENEW_RETRY_S = 1.0
 DEFAULT_OUTAGE_RETRY_S = 0.5
 DEFAULT_OUTAGE_RETRY_MAX_S = 5.0
@@ -233,8 +242,14 @@ class GroupCommitBatcher:
         self._closing = False
         self._force = False
         self._last_flush_start = float("-inf")
-        self._next_key: str | None = None
-        self._next_deadline = 0
+        # Registered write intents for the next flushes' objects, oldest first: (key, deadline).
+        self._keys: collections.deque[tuple[str, int]] = collections.deque()
+        # Pipelining: whether a flush is writing its object (the next may not start yet), the
+        # flushes in flight, and what resolves once the latest started flush has finished
+        # (the next one's transaction waits for it, so flushes commit in order).
+        self._putting = False
+        self._flights: set[asyncio.Task[None]] = set()
+        self._last_done: asyncio.Future[None] | None = None
         # Intents of keys whose write failed: listed for deletion by the next intent txn.
         self._abandoned: list[str] = []
         # Groups whose keys ``GroupCommit.check`` accepted (bounded; re-checked once cleared).
@@ -432,8 +447,8 @@ class GroupCommitBatcher:
                 await self._task
         if self._pressure_timer is not None:
             self._pressure_timer.cancel()
-        key, self._next_key = self._next_key, None
-        abandoned = [*self._abandoned, *([key] if key else [])]
+        abandoned = [*self._abandoned, *(key for key, _ in self._keys)]
+        self._keys.clear()
         if abandoned:
             now = self._clock()
             with contextlib.suppress(Exception):
@@ -472,14 +487,24 @@ class GroupCommitBatcher:
             if not self._pending:
                 self._force = False
                 if self._closing:
+                    while self._flights:
+                        await asyncio.wait(list(self._flights))
                     return
                 await self._sleep(self._idle_timeout())
-                if not self._pending and not self._closing and self._intent_needs_renewal():
+                if (
+                    not self._pending
+                    and not self._closing
+                    and not self._flights
+                    and self._intent_needs_renewal()
+                ):
                     try:
                         await self._ensure_intent()
                     except Exception:
                         log.warning("kas3 could not renew its write intent", exc_info=True)
                         await self._sleep(_RENEW_RETRY_S)  # a new chunk cuts this short
+                continue
+            if self._putting or len(self._flights) >= PIPELINE_DEPTH:
+                await self._sleep(None)  # a flush finishing a stage wakes this
                 continue
             wait = self._due_in()
             if wait > 0:
@@ -489,24 +514,48 @@ class GroupCommitBatcher:
                 # One loop iteration: the rest of this read, and a claim round it woke, join.
                 await asyncio.sleep(0)
             self._last_flush_start = asyncio.get_running_loop().time()
-            items = self._take()
-            try:
-                await self._flush(items)
-            except Exception as exc:  # a bug, not a storage failure: never strand producers
-                log.exception("kas3 flush failed unexpectedly")
-                _fail(items, exc)
+            self._start_flush(self._take())
+
+    def _start_flush(self, items: list[_Item]) -> None:
+        """Run the flush of ``items`` as a task of its own, committing after the previous."""
+        loop = asyncio.get_running_loop()
+        previous, done = self._last_done, loop.create_future()
+        self._last_done = done
+        self._putting = True
+        task = loop.create_task(self._flush_in_order(items, previous, done))
+        self._flights.add(task)
+        task.add_done_callback(self._flights.discard)
+
+    async def _flush_in_order(
+        self, items: list[_Item], previous: asyncio.Future[None] | None, done: asyncio.Future[None]
+    ) -> None:
+        try:
+            await self._flush(items, previous)
+        except Exception as exc:  # a bug, not a storage failure: never strand producers
+            log.exception("kas3 flush failed unexpectedly")
+            _fail(items, exc)
+        finally:
+            self._put_done()
+            done.set_result(None)
+            # Out of the flights before waking the loop, which counts them (the task's own
+            # done callback would only run an iteration later, and the wake-up be lost).
+            self._flights.discard(asyncio.current_task())  # type: ignore[arg-type]
+            self._wake()
+
+    def _put_done(self) -> None:
+        """The flush's object is written (or will not be): the next flush may start."""
+        if self._putting:
+            self._putting = False
+            self._wake()
 
     def _idle_timeout(self) -> float | None:
-        if self._next_key is None:
+        if not self._keys:
             return None
-        left_ms = self._next_deadline - self.intent_lease_ms // 2 - self._clock()
+        left_ms = self._keys[0][1] - self.intent_lease_ms // 2 - self._clock()
         return max(left_ms / 1000, 0.001)
 
     def _intent_needs_renewal(self) -> bool:
-        return (
-            self._next_key is None
-            or self._next_deadline - self._clock() <= self.intent_lease_ms // 2
-        )
+        return not self._keys or self._keys[0][1] - self._clock() <= self.intent_lease_ms // 2
 
     def _take(self) -> list[_Item]:
         items: list[_Item] = []
@@ -531,63 +580,94 @@ class GroupCommitBatcher:
         self._seq += 1
         return f"{self._key_base}/{self._clock():013d}-{self._incarnation}-{self._seq:08d}"
 
-    async def _ensure_intent(self) -> str:
-        """The key the next flush writes, registering a fresh intent if there is none or its
-        lease is half gone (normally done by the previous flush's transaction)."""
-        if self._next_key is not None and not self._intent_needs_renewal():
-            return self._next_key
-        stale = [*self._abandoned, *([self._next_key] if self._next_key else [])]
-        key = self._new_key()
+    async def _ensure_intent(self) -> None:
+        """Make sure the next flushes have keys with live intents, registering fresh ones if
+        there are none or the oldest lease is half gone (normally the previous flushes'
+        transactions registered them)."""
+        if not self._intent_needs_renewal():
+            return
+        stale = [*self._abandoned, *(key for key, _ in self._keys)]
+        self._keys.clear()
+        keys = [self._new_key() for _ in range(PIPELINE_DEPTH)]
         now = self._clock()
         deadline = now + self.intent_lease_ms
 
         def txn(tr: Transaction) -> None:
             for old in stale:
                 refs.abandon_intent(tr, old, now)
-            refs.register_intent(tr, key, deadline, self.node_id)
+            for key in keys:
+                refs.register_intent(tr, key, deadline, self.node_id)
 
-        await self.meta.transact(txn)
-        self.stats.intent_transactions += 1
         self._abandoned = []
-        self._next_key, self._next_deadline = key, deadline
-        return key
+        try:
+            await self.meta.transact(txn)
+        except BaseException:
+            self._abandoned.extend(stale)
+            raise
+        self.stats.intent_transactions += 1
+        self._keys.extend((key, deadline) for key in keys)
 
-    async def _flush(self, items: list[_Item]) -> None:
+    async def _take_key(self) -> str:
+        """The key of a flush's object: a registered intent, taken out of the ready ones."""
+        while True:
+            await self._ensure_intent()
+            if self._keys:  # (another flush may have taken it while this one waited)
+                return self._keys.popleft()[0]
+
+    async def _flush(self, items: list[_Item], previous: asyncio.Future[None] | None) -> None:
+        """Write the object of ``items``, then, once the flush started before this one has
+        finished (``previous``), commit them in one transaction."""
         with running_task():
             started = time.perf_counter()
             runs, body = _layout(items)
             if not body:
+                self._put_done()
+                if previous is not None:
+                    await previous
                 await self._commit_only(items, runs)
                 return
             try:
-                key = await self._ensure_intent()
+                key = await self._take_key()
             except Exception as exc:
                 self.stats.failed_flushes += 1
                 _fail(items, self._flush_failed(exc))
                 return
-            next_key = self._new_key()
-            now = self._clock()
-            next_deadline = now + self.intent_lease_ms
             try:
                 fault(self._faults, "flush.before_put")
                 put_started = time.perf_counter()
-                await self.objects.put(key, body)
+                try:
+                    await self.objects.put(key, body)
+                finally:
+                    self._put_done()
                 fault(self._faults, "flush.after_put")
+                if previous is not None:
+                    await previous
                 commit_started = time.perf_counter()
-                results = await self.meta.transact(
-                    lambda tr: self._commit(tr, key, runs, next_key, next_deadline)
-                )
+                # Register the intents the next flushes take (the one writing now, if any,
+                # already has its key), keeping PIPELINE_DEPTH ready.
+                now = self._clock()
+                next_deadline = now + self.intent_lease_ms
+                next_keys = [self._new_key() for _ in range(PIPELINE_DEPTH - len(self._keys))]
+                # Keys of failed writes go to GC with this transaction.
+                abandoned = self._abandoned
+                self._abandoned = []
+                try:
+                    results = await self.meta.transact(
+                        lambda tr: self._commit(tr, key, runs, next_keys, next_deadline, abandoned)
+                    )
+                except BaseException:
+                    self._abandoned.extend(abandoned)
+                    raise
                 fault(self._faults, "flush.after_commit")
                 committed = time.perf_counter()
             except Exception as exc:
                 # The outcome of the commit may be unknown (FoundationDB's
                 # commit_unknown_result), so never reuse this key.
                 self._abandoned.append(key)
-                self._next_key = None
                 self.stats.failed_flushes += 1
                 _fail(items, self._flush_failed(exc))
                 return
-            self._next_key, self._next_deadline = next_key, next_deadline
+            self._keys.extend((k, next_deadline) for k in next_keys)
             self._flush_committed()
             self.stats.flushes += 1
             self.stats.bytes += len(body)
@@ -602,7 +682,7 @@ class GroupCommitBatcher:
 
     async def _commit_only(self, items: list[_Item], runs: list[_Run]) -> None:
         """A flush of zero-byte chunks: their commits in one transaction, no object, the
-        write intent kept for the next flush that has bytes."""
+        write intents kept for the next flushes that have bytes."""
         try:
             results = await self.meta.transact(
                 lambda tr: [run.commit.commit(tr, run.group, "", run.chunks)[0] for run in runs]
@@ -622,11 +702,14 @@ class GroupCommitBatcher:
         tr: Transaction,
         key: str,
         runs: list[_Run],
-        next_key: str,
+        next_keys: list[str],
         next_deadline: int,
+        abandoned: list[str],
     ) -> list[list[Any]]:
         now = self._clock()
         refs.check_intent(tr, key, now)
+        for old in abandoned:
+            refs.abandon_intent(tr, old, now)
         results = []
         total_refs = 0
         for run in runs:
@@ -639,20 +722,24 @@ class GroupCommitBatcher:
             total_refs += n
             results.append(run_results)
         refs.resolve_intent(tr, key, total_refs, now)
-        refs.register_intent(tr, next_key, next_deadline, self.node_id)
+        for next_key in next_keys:
+            refs.register_intent(tr, next_key, next_deadline, self.node_id)
         return results
 
 
 def _layout(items: list[_Item]) -> tuple[list[_Run], bytes]:
-    """Order chunks by group (first-seen order, submission order within a group) and cut
-    them into commit runs; returns the runs and the object body."""
+    """Order chunks by group (first-seen order, submission order within a group; groups of
+    zero-byte chunks only last) and cut them into commit runs; returns the runs and the
+    object body."""
     by_group: dict[Hashable, list[_Item]] = {}
     for item in items:
         by_group.setdefault(item.group, []).append(item)
+    groups = list(by_group.values())
+    groups.sort(key=lambda group_items: not any(item.data for item in group_items))
     runs: list[_Run] = []
     parts: list[bytes] = []
     pos = 0
-    for group_items in by_group.values():
+    for group_items in groups:
         previous: _Run | None = None
         for item in group_items:
             end = pos + len(item.data)

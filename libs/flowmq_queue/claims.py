@@ -83,6 +83,7 @@ class ClaimRounds:
         self._gets: list[Consumer] = []
         self._claim_base = 0
         self._round_commit = RoundCommit()
+        self._riding: Round | None = None  # the round riding a flush now, if any
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -200,12 +201,24 @@ class ClaimRounds:
             wakeup.set()
         return lq.submitted
 
-    def mark_ready(self, ns: str, queue: str, stamp: int = 0) -> None:
+    def mark_ready(self, ns: str, queue: str, stamp: int = 0, flush_key: str = "") -> None:
         """Messages were committed to the queue (or returned to it): claim soon, unless a
-        round riding this flush or a later one claims after the enqueue ``stamp``."""
+        round riding this flush or a later one claims after the enqueue ``stamp``.
+        ``flush_key``: the object of the flush that committed them, if one did."""
         lq = self._queues.get((ns, queue))
         if lq is not None:
             if 0 < stamp <= lq.covered:
+                return
+            riding = self._riding
+            if (
+                stamp
+                and riding is not None
+                and riding.flush_key == flush_key
+                and any(planned is lq for planned, _, _, _ in riding.claims)
+            ):
+                # The round riding this flush claimed for the queue after its enqueues
+                # (even those submitted after the round was): it saw these messages.
+                lq.covered = max(lq.covered, stamp)
                 return
             lq.maybe_ready = True
             lq.dirty += 1
@@ -309,7 +322,7 @@ class ClaimRounds:
             return None
         base = self._claim_base
         self._claim_base += 1_000_000
-        dirty = {id(lq): lq.dirty for lq, _, _, _ in claims}
+        dirty = {id(lq): (lq.dirty, lq.submitted) for lq, _, _, _ in claims}
         return Round(
             now, lease_deadline, self.parts.holder, base, ops, dead_done, settles, claims, dirty
         )
@@ -329,7 +342,11 @@ class ClaimRounds:
         if self.piggyback and rides and batcher.outage is None:
             for lq, _, _, _ in round_.claims:
                 lq.covered = lq.submitted  # committed after every enqueue submitted so far
-            return await batcher.submit(("queue-round",), b"", self._round_commit, round_)
+            self._riding = round_
+            try:
+                return await batcher.submit(("queue-round",), b"", self._round_commit, round_)
+            finally:
+                self._riding = None
         return await self.parts.meta.transact(round_.work)
 
     def _restore(self, round_: Round) -> None:
@@ -431,7 +448,7 @@ class ClaimRounds:
             for key, run in out.dead:
                 self.spawn(self.publish_dead(lease.ns, lease.queue, key, run))
 
-    async def _apply_claims(self, result: RoundResult, dirty: dict[int, int]) -> None:
+    async def _apply_claims(self, result: RoundResult, dirty: dict[int, tuple[int, int]]) -> None:
         handouts: list[tuple[Consumer, list[Delivery]]] = []
         for lq, wants, claimed, expired in result.claims:
             self._account_claim(lq, wants, claimed, expired, dirty)
@@ -456,17 +473,20 @@ class ClaimRounds:
         wants: list[Want],
         claimed: list[index.Claimed],
         expired: int,
-        dirty: dict[int, int],
+        dirty: dict[int, tuple[int, int]],
     ) -> None:
         """Release the wants' reservations; a queue that gave less than asked (and had no
-        local enqueue since) is not claimed from again until something marks it ready."""
+        local enqueue committed or submitted since) is not claimed from again until
+        something marks it ready.  (An enqueue submitted meanwhile is in a later flush: the
+        next round rides that flush and claims it in the same transaction, rather than in a
+        transaction of its own once it committed.)"""
         for w in wants:
             c = self._consumers.get(w.consumer)
             if c is not None:
                 c.reserved = max(0, c.reserved - w.n)
         got = sum(len(c.run) for c in claimed)
         if got < sum(w.n for w in wants if not w.consumer.startswith("get#")) and (
-            lq.dirty == dirty.get(id(lq))
+            _nothing_new(lq, dirty.get(id(lq)))
         ):
             lq.maybe_ready = False
         if expired:
@@ -547,3 +567,12 @@ class ClaimRounds:
         now = self.parts.clock()
         if any(self._renewal_due(lease, now) for lease in self._leases.values()):
             self.kick()
+
+
+def _nothing_new(lq: LocalQueue, taken: tuple[int, int] | None) -> bool:
+    """Nothing was committed to the queue since the round was ``taken`` (its ``dirty`` and
+    ``submitted`` then), and nothing submitted that the round did not see."""
+    if taken is None:
+        return False
+    dirty, submitted = taken
+    return lq.dirty == dirty and (lq.submitted == submitted or lq.submitted <= lq.covered)

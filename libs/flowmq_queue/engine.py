@@ -126,7 +126,7 @@ class QueueEngine:
         if accepted:
             label = opts.metrics_label or queue
             metrics.queue_messages_enqueued_count.labels(ns, label).inc(accepted)
-            self.claims.mark_ready(ns, queue, results[-1].ctx.stamp)
+            self.claims.mark_ready(ns, queue, results[-1].ctx.stamp, object_key)
 
     # --- consumers -------------------------------------------------------------------------
 

@@ -61,7 +61,10 @@ class Round:
     dead_done: list[tuple[str, str, bytes, Run]]
     settles: list[tuple[Lease, Settle, QueueOptions]]
     claims: list[ClaimPlan]
-    dirty: dict[int, int]  # id(local queue) -> its ``dirty`` when the round was taken
+    # id(local queue) -> its ``dirty`` and ``submitted`` when the round was taken
+    dirty: dict[int, tuple[int, int]]
+    # The object of the flush this round rode in, once its transaction ran ("": none).
+    flush_key: str = ""
 
     def work(self, tr: Transaction, protect: str | None = None) -> RoundResult:
         """Settles, claims and finished dead letters in one transaction.  ``protect``: the
@@ -125,9 +128,14 @@ def _ready_left(tr: Transaction, lq: LocalQueue, delta: index.Delta) -> int:
 
 class RoundCommit(GroupCommit):
     """A round riding in a flush: a zero-byte chunk whose ``ctx`` is the ``Round``, run with
-    the flush's object key to protect.  It writes no entry pointing into the object."""
+    the flush's object key to protect, after the flush's enqueues (the batcher commits
+    zero-byte chunks last).  It writes no entry pointing into the object."""
 
     def commit(
         self, tr: Transaction, group: Any, object_key: str, chunks: list[tuple[int, int, Any]]
     ) -> tuple[list[RoundResult], int]:
-        return [round_.work(tr, object_key) for _, _, round_ in chunks], 0
+        results = []
+        for _, _, round_ in chunks:
+            round_.flush_key = object_key
+            results.append(round_.work(tr, object_key))
+        return results, 0

@@ -130,7 +130,15 @@ def test_failed_logins_from_one_address_are_rate_limited(users_broker):
     assert refused(start_ok(users_broker, "alice", "wonderland", source=source)[1])
     answer = open_answer(users_broker, "alice", "wonderland")
     assert isinstance(answer, commands.Connection.OpenOk)
-    assert any(f"connection {source}:" in x and "rate_limited" in x for x in users_broker.output)
+    # The log is read from the broker's output by a thread: wait for the line, not a moment.
+    wait_until(
+        lambda: any(
+            f"connection {source}:" in x and "rate_limited" in x for x in users_broker.output
+        ),
+        10,
+        0.1,
+        "the rate_limited log line",
+    )
 
 
 def test_a_user_opens_only_its_own_namespace(users_broker):

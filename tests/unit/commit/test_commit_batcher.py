@@ -220,6 +220,63 @@ async def test_items_arriving_during_a_flush_wait_for_the_next(
     await batcher.close()
 
 
+async def test_the_next_flush_writes_its_object_while_the_previous_one_commits(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    batcher = await started_batcher(meta, objects, min_flush_gap=0.0)
+    txns = meta.transactions
+    commit_gate, put_gate = asyncio.Event(), asyncio.Event()
+    meta.transact_gate = commit_gate
+    first = batcher.submit("g", b"first", RECORDING, "first")
+    await meta.transact_waiting.wait()  # the first object is written, its commit held
+    objects.put_gate = put_gate
+    second = batcher.submit("g", b"second", RECORDING, "second")
+    await objects.put_waiting.wait()  # the second flush's PUT started meanwhile
+    assert not first.done()
+    put_gate.set()
+    objects.put_gate = None
+    meta.transact_gate = None
+    commit_gate.set()
+    key1 = (await first)[0]
+    key2 = (await second)[0]
+    assert key1 != key2 and batcher.stats.flushes == 2
+    # one transaction per flush, each registering the intent its successors take
+    assert meta.transactions - txns == 2
+    # flushes commit in order: the second object got the later index entry
+    assert key1 < key2
+    await batcher.close()
+
+
+async def test_a_flush_finishing_lets_the_waiting_chunks_start_the_next_at_once(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    """Two flushes in flight (one committing, one waiting for it): when the first has
+    committed, chunks waiting for a free slot start writing their object while the second
+    commits, without waiting for another submission to wake the batcher."""
+    batcher = await started_batcher(meta, objects, min_flush_gap=0.0)
+    first_commit, second_commit, third_put = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    meta.transact_gate = first_commit
+    first = batcher.submit("g", b"first", RECORDING, "first")
+    await meta.transact_waiting.wait()
+    second = batcher.submit("g", b"second", RECORDING, "second")
+    while objects.puts < 2:  # the second object is written; its commit waits for the first
+        await asyncio.sleep(0)
+    third = batcher.submit("g", b"third", RECORDING, "third")
+    meta.transact_gate = second_commit
+    meta.transact_waiting.clear()
+    objects.put_gate = third_put
+    objects.put_waiting.clear()
+    first_commit.set()
+    await first
+    await meta.transact_waiting.wait()  # the second flush is committing, held
+    await asyncio.wait_for(objects.put_waiting.wait(), 5)  # and the third one's PUT started
+    meta.transact_gate = objects.put_gate = None
+    second_commit.set()
+    third_put.set()
+    assert len({(await f)[0] for f in (second, third)}) == 2
+    await batcher.close()
+
+
 async def test_failed_put_fails_every_waiter_and_acknowledges_nothing(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:
@@ -410,11 +467,26 @@ async def test_a_zero_byte_chunk_rides_the_flush_transaction(
     the flush's object key, and the object holds only the other chunks' bytes."""
     batcher = await started_batcher(meta, objects)
     txns = meta.transactions
-    data = batcher.submit("g", b"data", RECORDING, "data")
-    rider = batcher.submit(("round",), b"", Fixed(0))
+    order: list[str] = []
+
+    class Rider(Fixed):
+        def commit(self, tr, group, object_key, chunks):
+            order.append("rider")
+            return super().commit(tr, group, object_key, chunks)
+
+    class Data(Recording):
+        def commit(self, tr, group, object_key, chunks):
+            order.append("data")
+            return super().commit(tr, group, object_key, chunks)
+
+    rider = batcher.submit(("round",), b"", Rider(0))
+    data = batcher.submit("g", b"data", Data(), "data")
     await batcher.flush()
     key = data.result()[0]
     assert rider.result() == key
+    # committed after the chunks with bytes, though submitted first: a claim riding the
+    # flush sees what the flush enqueued
+    assert order == ["data", "rider"]
     assert meta.transactions - txns == 1
     assert await objects.get(key) == b"data"
     assert await meta.inner.transact(lambda tr: ref_count(tr, key)) == 1

@@ -4,7 +4,8 @@ batcher and a ``QueueEngine`` on a clock the test controls, plus helpers that co
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -52,6 +53,28 @@ class Env:
             "default", name, f"c{id(inbox)}", inbox.deliver, prefetch=prefetch, no_ack=no_ack
         )
         return inbox
+
+    @contextlib.contextmanager
+    def counted_transactions(
+        self, before: Callable[[int], Awaitable[None]] | None = None
+    ) -> Iterator[list[int]]:
+        """Counts every meta-store transaction (flushes and rounds alike) while open, in
+        the list's one item; ``before(n)`` is awaited before the n-th one runs."""
+        meta = self.batcher.meta
+        inner = meta.transact
+        count = [0]
+
+        async def counting(fn: Any) -> Any:
+            count[0] += 1
+            if before is not None:
+                await before(count[0])
+            return await inner(fn)
+
+        meta.transact = counting  # type: ignore[method-assign]
+        try:
+            yield count
+        finally:
+            meta.transact = inner  # type: ignore[method-assign]
 
     async def settle(self) -> None:
         """Let pending rounds run to completion."""

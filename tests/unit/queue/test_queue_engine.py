@@ -11,6 +11,7 @@ from flowmq_commit import MaintenanceOptions, collect_garbage
 from flowmq_core.message import Message
 from flowmq_meta.keys import OBJECT_REFS, QUEUE_INFLIGHT, QUEUE_READY
 from flowmq_queue import QueueEngine, QueueFull, QueueOptions
+from tests.fixtures.counting import CountingObjectStore
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -309,16 +310,7 @@ async def test_publish_to_delivery_is_one_flush_for_a_waiting_consumer(env) -> N
     env.queue("q")
     inbox = env.consumer("q", prefetch=10)
     await env.settle()
-    meta = env.batcher.meta
-    inner = meta.transact
-    count = [0]
-
-    async def counting(fn):
-        count[0] += 1
-        return await inner(fn)
-
-    meta.transact = counting
-    try:
+    with env.counted_transactions() as count:
         for i in range(3):
             future = env.engine.enqueue(
                 "default", "q", Message("q", f"m{i}".encode()), env.options[("default", "q")]
@@ -330,5 +322,66 @@ async def test_publish_to_delivery_is_one_flush_for_a_waiting_consumer(env) -> N
             await env.settle()
         # per message: the flush (enqueue + claim) and the ack's round
         assert count[0] == 6
-    finally:
-        meta.transact = inner
+
+
+async def test_an_enqueue_submitted_during_a_round_is_claimed_by_the_flush_storing_it(
+    env,
+) -> None:
+    """A round that claimed less than it asked for, while another enqueue waited for a later
+    flush, keeps the queue ready: the next round rides that flush and claims the message in
+    its transaction, not in a claim transaction of its own once it has committed."""
+    env.queue("q")
+    inbox = env.consumer("q", prefetch=10)
+    await env.settle()
+    opts = env.options[("default", "q")]
+    gate = asyncio.Event()
+    held = asyncio.Event()
+
+    async def hold_the_first(n: int) -> None:
+        if n == 1:  # the first flush's commit waits until the others are queued
+            held.set()
+            await gate.wait()
+
+    with env.counted_transactions(hold_the_first) as count:
+        first = env.engine.enqueue("default", "q", Message("q", b"m0"), opts)
+        await held.wait()  # the first flush (its round riding with it) is committing
+        second = env.engine.enqueue("default", "q", Message("q", b"m1"), opts)
+        while env.batcher.pending_bytes:  # the second flush takes m1 and waits its turn
+            await asyncio.sleep(0)
+        third = env.engine.enqueue("default", "q", Message("q", b"m2"), opts)
+        gate.set()
+        await asyncio.gather(first, second, third)
+        await inbox.wait(3)
+        assert sorted(inbox.payloads()) == [b"m0", b"m1", b"m2"]
+        # three flushes, the later messages claimed by the third one's riding round
+        assert count[0] == 3
+
+
+async def test_enqueues_after_the_riding_round_in_the_same_flush_need_no_claim_of_their_own(
+    env,
+) -> None:
+    """The round riding a flush claims after all of the flush's enqueues, even those
+    submitted after the round: their commit does not start a claim transaction."""
+    env.queue("q")
+    env.queue("other")
+    inbox = env.consumer("q", prefetch=10)
+    await env.settle()
+    objects = CountingObjectStore(env.batcher.objects)
+    env.batcher.objects = objects
+    gate = asyncio.Event()
+    objects.put_gate = gate
+    with env.counted_transactions() as count:
+        blocker = env.engine.enqueue("default", "other", Message("other", b"x"), QueueOptions())
+        await objects.put_waiting.wait()  # a flush is writing: the next ones accumulate
+        opts = env.options[("default", "q")]
+        first = env.engine.enqueue("default", "q", Message("q", b"m0"), opts)
+        while env.engine.claims._riding is None:  # the round it woke joins the next flush
+            await asyncio.sleep(0)
+        second = env.engine.enqueue("default", "q", Message("q", b"m1"), opts)
+        objects.put_gate = None
+        gate.set()
+        await asyncio.gather(blocker, first, second)
+        await inbox.wait(2)
+        await env.settle()
+        assert inbox.payloads() == [b"m0", b"m1"]
+        assert count[0] == 2  # the two flushes; the second one's round claimed both

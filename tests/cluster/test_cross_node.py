@@ -458,9 +458,7 @@ def test_a_dead_nodes_offline_session_keeps_its_stored_messages(own_cluster, cli
     # PUBACK from a means c stored them: a forwarded QoS 1 message is confirmed by the node
     # that stores it for its offline session.
     publisher.publish_all([(f"k7/{i}", f"s{i}", 1) for i in range(5)])
-    stored = metric(
-        c.http, "queue_messages_enqueued_count", 'namespace="default",queue="$session"'
-    )
+    stored = metric(c.http, "queue_messages_enqueued_count", 'namespace="default",queue="$session"')
     assert stored == 5
     cluster.kill("c")
     cluster.wait_size(2, ("a", "b"), timeout=DETECTION_S)

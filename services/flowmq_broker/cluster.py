@@ -20,7 +20,9 @@ ones).  A receiver that dies, restarts, loses its link or does not answer in tim
 forward (``NotStored``): the publisher is refused and sends it again; nothing is acknowledged
 on a guess.  A node that finds its own routes cleared was declared dead by the others (a
 pause, a partition): its sessions were adopted elsewhere, so it ends them here (``on_fenced``)
-and announces its routes afresh.
+and announces its routes afresh.  It finds out by anti-entropy, or at its next route write:
+route versions are written only over this start's own (the start token fences them), so a
+node that was declared dead never writes its old routes back as if nothing had happened.
 """
 
 from __future__ import annotations

@@ -178,7 +178,9 @@ class ClusterRouting:
         self._turn = itertools.count()
         self._poll = PeriodicTask("route-anti-entropy", ANTI_ENTROPY_S, self.anti_entropy)
         # What else the survivor that cleans up after a dead node takes over (MQTT sessions).
-        self.on_node_dead: list[Callable[[str], Awaitable[Any]]] = []
+        # Called with the node and the process of it that died (its links' incarnation, or
+        # None): what it held belongs to that process only (a restart reclaims it).
+        self.on_node_dead: list[Callable[[str, str | None], Awaitable[Any]]] = []
         # Called when this node finds it was declared dead and its sessions adopted elsewhere
         # (awaited if it returns an awaitable), before its routes are announced afresh.
         self.on_fenced: list[Callable[[], Awaitable[Any] | None]] = []
@@ -246,6 +248,7 @@ class ClusterRouting:
         routes stay, refusing, until the lowest live node adopted its sessions and cleared
         them."""
         self._live.pop(node, None)
+        process = self.links.incarnation_of(node)  # the process that died, if we reached it
         self.links.remove_peer(node)
         applied = self._applied.pop(node, None)
         token = applied[0] if applied is not None else None
@@ -253,7 +256,7 @@ class ClusterRouting:
             self._dead[node] = token
         self._peer_lost(node)
         if min([self.node_id, *self._live]) == self.node_id:
-            asyncio.get_running_loop().create_task(self._clear_dead(node, token))
+            asyncio.get_running_loop().create_task(self._clear_dead(node, token, process))
 
     def _peer_lost(self, node: str) -> None:
         """No answer will come from ``node`` to what was sent so far; if it restarted, the
@@ -268,14 +271,15 @@ class ClusterRouting:
             del self._dead[node]
             self._set_node_routes(node, set())
 
-    async def _clear_dead(self, node: str, token: str | None) -> None:
+    async def _clear_dead(self, node: str, token: str | None, process: str | None) -> None:
         """Adopt what a gone node left, announce the adopted sessions' routes, then remove
-        its routes (``token``: its start as we knew it; None if we never read its routes)."""
+        its routes (``token``: its start as we knew it; None if we never read its routes;
+        ``process``: its links' incarnation, None if we never reached it)."""
         try:
             if node in self._live or not await self._still_gone(node, token):
                 return  # it restarted meanwhile and owns its routes again
             for adopt in self.on_node_dead:
-                await adopt(node)
+                await adopt(node, process)
             routed = self.routes_published()
             if routed is not None:
                 await routed

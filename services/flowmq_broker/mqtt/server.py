@@ -105,6 +105,8 @@ class MqttServer:
         # Durable store for offline persistent sessions (else their queue is in memory).
         self.offline = offline
         self.sessions: dict[tuple[str, str], Session] = {}
+        # This process, as its session records name it (the cluster links' incarnation).
+        self.process = cluster.links.incarnation if cluster is not None else None
         # The latest CONNECT of each client id being handled, one at a time (connect_turn).
         self._connect_turns: dict[tuple[str, str], asyncio.Future[None]] = {}
         self.shared_groups: dict[tuple[str, str], list[str]] = {}
@@ -317,13 +319,19 @@ class MqttServer:
             if self.offline is not None:
                 self.offline.forget(session)
 
-    async def restore_sessions(self, dead: str | None = None) -> int:
+    async def restore_sessions(
+        self, dead: str | None = None, dead_process: str | None = None
+    ) -> int:
         """Bring back persistent sessions, offline, subscriptions bound: at start, this
         node's and those of nodes no longer running; when a survivor adopts a dead node's
-        sessions, those of ``dead``.
+        sessions, those of ``dead`` (``dead_process``: the process of it that died, if known).
 
-        Their expiry restarts from now: the time the broker was down is not counted, as with
-        Mosquitto's persistence.
+        A session is taken from another node only through its record (``save_session``),
+        before it is installed here: a restarted node marks its records as its new process's
+        at start, so that a survivor that took it for dead a moment ago adopts none of them —
+        two nodes must never hold one session, or what the other stores never reaches the
+        client.  Their expiry restarts from now: the time the broker was down is not counted,
+        as with Mosquitto's persistence.
         """
         if dead is None:
             running = {
@@ -332,32 +340,42 @@ class MqttServer:
                 if node["status"] == "up" and node["node_id"] != self.node_id
             }
         begin, end = keys.SESSIONS.range()
-        rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
-        restored = 0
-        adopted: list[tuple[Session, str]] = []
+        me, process = self.node_id, self.process
+
+        def read(tr: Any) -> list[tuple[bytes, bytes]]:
+            rows = tr.get_range(begin, end)
+            if dead is None and process is not None:  # ours: this process's from now on
+                for key, raw in rows:
+                    record = json.loads(raw)
+                    if record.get("node", me) == me and record.get("process") != process:
+                        tr.set(key, json.dumps({**record, "process": process}).encode())
+            return rows
+
+        rows = await self.meta.transact(read)
+        restored = adopted = 0
         for key, raw in rows:
             namespace, _ = keys.SESSIONS.unpack(key)
             record = json.loads(raw)
             # Records without an owner predate clusters: the single broker's.
-            owner = record.get("node", self.node_id)
+            owner = record.get("node", me)
             if owner != dead if dead is not None else owner in running:
                 continue
             if (namespace, record["client_id"]) in self.sessions:
                 continue
             session = Session.from_record(record, namespace)
+            if owner != me:
+                taken = await self.save_session(
+                    session, taking_from=owner, taking_process=dead_process
+                )
+                if not taken or (namespace, record["client_id"]) in self.sessions:
+                    continue  # taken by another node, or restarted, or connected here meanwhile
+                adopted += 1
             self.install_session(session)
-            if owner != self.node_id:
-                adopted.append((session, owner))
             restored += 1
-        for session, owner in adopted:  # the records are ours now, unless taken meanwhile
-            if not await self.save_session(session, taking_from=owner):
-                log.info("mqtt %s: taken by another node meanwhile", session.client_id)
-                self.discard_session(session, forget=False, redistribute=False)
-                restored -= 1
         if adopted:
             log.info(
                 "mqtt: %d persistent sessions of %s adopted",
-                len(adopted),
+                adopted,
                 dead if dead is not None else "nodes no longer running",
             )
         self.update_subscription_gauge()
@@ -518,21 +536,31 @@ class MqttServer:
             session.pending_will()
         self.discard_session(session)
 
-    async def save_session(self, session: Session, *, taking_from: str | None = None) -> bool:
-        """Store ``session``'s record as this node's.  Only over a record of this node (or
-        none): another node's record means that node holds the session now (it adopted it
-        while this one was declared dead), and it is left alone (False).  Taking a session
-        over, ``taking_from`` names the owner the record must still have (``ANY_OWNER``: a
-        takeover the holder agreed to)."""
+    async def save_session(
+        self,
+        session: Session,
+        *,
+        taking_from: str | None = None,
+        taking_process: str | None = None,
+    ) -> bool:
+        """Store ``session``'s record as this node's (and this process's).  Only over a
+        record of this node (or none): another node's record means that node holds the
+        session now (it adopted it while this one was declared dead), and it is left alone
+        (False).  Taking a session over, ``taking_from`` names the owner the record must still
+        have (``ANY_OWNER``: a takeover the holder agreed to) and ``taking_process``, if
+        known, the process of it that died (a record its restarted process marked stays)."""
         key = keys.SESSIONS.pack(session.namespace, session.client_id)
-        value = json.dumps({**session.to_record(), "node": self.node_id}).encode()
         me = self.node_id
+        value = json.dumps({**session.to_record(), "node": me, "process": self.process}).encode()
 
         def store(tr: Any) -> bool:
             raw = tr.get(key)
             if raw is not None and taking_from != ANY_OWNER:
-                owner = json.loads(raw).get("node", me)
-                if owner != me and owner != taking_from:
+                record = json.loads(raw)
+                owner = record.get("node", me)
+                # a record of the process that died (not of its restart), when we know it
+                of_dead = taking_process is None or record.get("process") in (None, taking_process)
+                if owner != me and (owner != taking_from or not of_dead):
                     return False
             tr.set(key, value)
             return True

@@ -646,9 +646,9 @@ class MqttConnection(asyncio.Protocol):
             server.end_connect_turn(key, turn)
 
     async def _take_session(self, p: Connect) -> None:
-        """Make the session of a CONNECT without clean start current here.  Without clean
-        start it may be on another node, or have outlived a dead one (its record is in the
-        meta store): taken over first.  One held here is resumed only if its record still
+        """Make the session of a CONNECT current here.  Without clean start it may be on
+        another node, or have outlived a dead one (its record is in the meta store): taken
+        over first.  One held here is resumed only if its record still
         names this node: another may have adopted it while this one was declared dead
         (paused); then it is taken over from that node, as if it had never been here.  With
         clean start, or once the session is here, the other nodes end theirs."""

@@ -326,11 +326,11 @@ class MqttServer:
         node's and those of nodes no longer running; when a survivor adopts a dead node's
         sessions, those of ``dead`` (``dead_process``: the process of it that died, if known).
 
-        A session is taken from another node only through its record (``save_session``),
-        before it is installed here: a restarted node marks its records as its new process's
-        at start, so that a survivor that took it for dead a moment ago adopts none of them —
-        two nodes must never hold one session, or what the other stores never reaches the
-        client.  Their expiry restarts from now: the time the broker was down is not counted,
+        A session is taken from another node only through its record (``save_session``); one
+        whose record another node took meanwhile is let go again.  A restarted node marks its
+        records as its new process's at start, so that a survivor that took it for dead a
+        moment ago adopts none of them — two nodes must not hold one session, or what one
+        stores may not reach the client connected to the other.  Their expiry restarts from now: the time the broker was down is not counted,
         as with Mosquitto's persistence.
         """
         if dead is None:
@@ -352,7 +352,8 @@ class MqttServer:
             return rows
 
         rows = await self.meta.transact(read)
-        restored = adopted = 0
+        restored = 0
+        adopted: list[tuple[Session, str]] = []
         for key, raw in rows:
             namespace, _ = keys.SESSIONS.unpack(key)
             record = json.loads(raw)
@@ -363,19 +364,23 @@ class MqttServer:
             if (namespace, record["client_id"]) in self.sessions:
                 continue
             session = Session.from_record(record, namespace)
+            self.install_session(session)  # held (and routed) here before the record says so
             if owner != me:
-                taken = await self.save_session(
-                    session, taking_from=owner, taking_process=dead_process
-                )
-                if not taken or (namespace, record["client_id"]) in self.sessions:
-                    continue  # taken by another node, or restarted, or connected here meanwhile
-                adopted += 1
-            self.install_session(session)
+                adopted.append((session, owner))
             restored += 1
+        for session, owner in adopted:  # the records are ours now, unless taken meanwhile
+            if not await self.save_session(session, taking_from=owner, taking_process=dead_process):
+                log.info(
+                    "mqtt %s: not adopted: its node restarted, or another took it",
+                    session.client_id,
+                )
+                if self.sessions.get((session.namespace, session.client_id)) is session:
+                    self.discard_session(session, forget=False, redistribute=False)
+                restored -= 1
         if adopted:
             log.info(
                 "mqtt: %d persistent sessions of %s adopted",
-                adopted,
+                len(adopted),
                 dead if dead is not None else "nodes no longer running",
             )
         self.update_subscription_gauge()

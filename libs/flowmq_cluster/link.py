@@ -22,9 +22,7 @@ once the handshake is done names it.  A link is ready only once the peer's is kn
 queued for a peer while it was unreachable go to the next connection only if that is the same
 process: when the peer restarted meanwhile they are dropped and ``Links.on_peer_lost`` says so
 (their senders fail what waited for an answer), never delivered to a process that did not
-exist when they were sent.  A refused connection (nothing listens: the process is gone) drops
-them at once, so a forward to a dead peer is refused to its publisher within a reconnect
-attempt rather than after the confirmation timeout.  The same callback reports every lost outbound connection: an
+exist when they were sent.  The same callback reports every lost outbound connection: an
 answer to a request sent on it can no longer come.
 """
 
@@ -384,8 +382,6 @@ class Links:
                     )
                 except OSError as exc:
                     log.debug("link to %s at %s: %s", node_id, peer.addr, exc)
-                    if isinstance(exc, ConnectionRefusedError):
-                        self._refused(node_id, peer)
                     await asyncio.sleep(RECONNECT_DELAY_S)
                     continue
                 try:
@@ -411,19 +407,6 @@ class Links:
                 return
         finally:
             peer.connecting = None
-
-    def _refused(self, node_id: str, peer: _Peer) -> None:
-        """Nothing listens at the peer's address: the process the queued frames were for is
-        gone (a paused or cut-off one still has its listener).  They are dropped and their
-        senders told at once, not after their answer's timeout; what is queued from now on
-        is for whichever process comes next."""
-        peer.incarnation = None
-        if not peer.backlog:
-            return
-        log.info("%s refuses connections: %d queued frames dropped", node_id, len(peer.backlog))
-        peer.backlog = []
-        if self.on_peer_lost is not None:
-            self.on_peer_lost(node_id)
 
     def _lost(self, node_id: str, peer: _Peer, link: Link) -> None:
         if peer.link is link:

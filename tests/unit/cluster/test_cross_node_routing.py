@@ -328,14 +328,3 @@ async def test_a_node_declared_dead_meanwhile_finds_out_at_its_next_route_write(
     raw = await meta.transact(lambda tr: tr.get(keys.ROUTE_VERSIONS.pack("b")))
     assert raw is not None and old_token not in raw.decode()
     await wait_until_async(lambda: a.cluster.nodes_matching("default", "fence/1") == {"b"})
-
-
-async def test_a_forward_to_a_peer_whose_process_is_gone_is_refused_at_once(nodes):
-    """b's process is gone (nothing listens) but not yet declared dead: a QoS 1 forward to it
-    is refused when the link finds the connection refused, not after the 5 s timeout."""
-    a, b, _, _ = nodes
-    await routed(b.subscribe("b1", "gone/#"))
-    await b.cluster.links.stop()
-    _, pending = a.router.dispatch("default", Message("gone/1", b"x", qos=1))
-    with pytest.raises(NotStored):
-        await asyncio.wait_for(pending[0], 2)

@@ -464,14 +464,22 @@ class MqttPublisherLoad(Worker):
         self.level = level
         self.window = MQTT_WINDOW
         self.inflight: dict[int, str] = {}
+        self.early: dict[int, Any] = {}  # acknowledged before ``inflight`` had their mid
         self.lock = threading.Lock()
         self.retry: list[str] = []
 
     def on_publish(self, client, userdata, mid, reason_code, properties) -> None:  # noqa: ANN001
+        # paho calls this holding its outgoing-message lock, which ``client.publish`` takes
+        # too: ``self.lock`` is never held while calling into paho (a deadlock stopped the
+        # publisher for good), so an acknowledgement may come before its mid is recorded.
         with self.lock:
             ident = self.inflight.pop(mid, None)
-        if ident is None:
-            return
+            if ident is None:
+                self.early[mid] = reason_code
+                return
+        self._settle(ident, reason_code)
+
+    def _settle(self, ident: str, reason_code: Any) -> None:
         if reason_code is not None and getattr(reason_code, "is_failure", False):
             self.flow.errors[f"puback:{reason_code}"] += 1
             with self.lock:
@@ -479,6 +487,16 @@ class MqttPublisherLoad(Worker):
             return
         self.flow.ack(ident)
         self.progressed()
+
+    def _publish(self, client: mqtt.Client, ident: str) -> None:
+        mid = client.publish(self.topic, ident.encode(), qos=1).mid
+        with self.lock:
+            early = mid in self.early
+            reason_code = self.early.pop(mid, None)
+            if not early:
+                self.inflight[mid] = ident
+        if early:
+            self._settle(ident, reason_code)
 
     def run(self) -> None:
         v5 = self.level == 5
@@ -505,9 +523,8 @@ class MqttPublisherLoad(Worker):
                     else:
                         ident = f"{self.topic}/{seq}"
                         seq += 1
-                    if ident is not None:
-                        info = client.publish(self.topic, ident.encode(), qos=1)
-                        self.inflight[info.mid] = ident
+                if ident is not None:
+                    self._publish(client, ident)
                 time.sleep(1.0 / MQTT_RATE)
             _wait_for(lambda: not self.inflight and not self.retry, 30, self._resend, client)
         finally:
@@ -517,9 +534,9 @@ class MqttPublisherLoad(Worker):
     def _resend(self, client: mqtt.Client) -> None:
         with self.lock:
             retry, self.retry = self.retry, []
-            for ident in retry:
-                self.flow.resent.add(ident)
-                self.inflight[client.publish(self.topic, ident.encode(), qos=1).mid] = ident
+        for ident in retry:
+            self.flow.resent.add(ident)
+            self._publish(client, ident)
 
 
 class MqttSubscriberLoad(Worker):

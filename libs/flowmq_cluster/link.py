@@ -348,6 +348,11 @@ class Links:
         if peer.link is not None:
             peer.link.close()
 
+    def incarnation_of(self, node_id: str) -> str | None:
+        """The process of ``node_id`` our last link to it reached (None: none yet)."""
+        peer = self._peers.get(node_id)
+        return peer.incarnation if peer is not None else None
+
     def blocked(self, node_id: str) -> bool:
         peer = self._peers.get(node_id)
         return peer is not None and peer.link is not None and peer.link.blocked

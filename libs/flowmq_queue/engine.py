@@ -223,6 +223,19 @@ class QueueEngine:
             if not more:
                 return total
 
+    async def purge_seqs(self, ns: str, queue: str, seqs: set[int]) -> int:
+        """Drop the ready messages whose seq is in ``seqs`` (and no other: what was enqueued
+        meanwhile stays); returns how many."""
+        total = 0
+        after: bytes | None = None
+        while True:
+            dropped, after = await self.parts.meta.transact(
+                functools.partial(_purge_seqs_txn, ns, queue, seqs, after, self.parts.clock())
+            )
+            total += dropped
+            if after is None:
+                return total
+
     async def delete(self, ns: str, queue: str) -> None:
         """Forget the queue's messages (its catalog entry is the caller's business)."""
         self.claims.forget(ns, queue)
@@ -307,6 +320,15 @@ class QueueEngine:
 def _purge_txn(ns: str, queue: str, now: int, tr: Transaction) -> tuple[int, bool]:
     delta = index.Delta()
     out = index.purge_page(tr, ns, queue, delta)
+    delta.apply(tr, now)
+    return out
+
+
+def _purge_seqs_txn(
+    ns: str, queue: str, seqs: set[int], after: bytes | None, now: int, tr: Transaction
+) -> tuple[int, bytes | None]:
+    delta = index.Delta()
+    out = index.purge_seqs_page(tr, ns, queue, seqs, delta, after)
     delta.apply(tr, now)
     return out
 

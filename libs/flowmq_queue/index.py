@@ -524,6 +524,39 @@ def purge_page(
     return dropped, len(rows) == limit
 
 
+def purge_seqs_page(
+    tr: Transaction,
+    ns: str,
+    queue: str,
+    seqs: set[int],
+    delta: Delta,
+    after: bytes | None,
+    limit: int = 500,
+) -> tuple[int, bytes | None]:
+    """Drop the ready messages whose seq is in ``seqs`` from up to ``limit`` entries after
+    key ``after``; the others stay (an entry holding both is cut down to the others).
+    Returns (messages dropped, the last key read, or None once the queue was read through)."""
+    begin, end = QUEUE_READY.range(ns, queue)
+    rows = tr.get_range(after + b"\x00" if after is not None else begin, end, limit=limit)
+    dropped = 0
+    for key, value in rows:
+        run = decode_run(value)
+        gone = [i for i, seq in enumerate(run.seqs) if seq in seqs]
+        if not gone:
+            continue
+        tr.clear(key)
+        if len(gone) == len(run):
+            delta.ref(run.object_key, -1)
+            delta.removed(ns, queue, run, inflight=False)
+        else:
+            kept = run.pick([i for i, seq in enumerate(run.seqs) if seq not in seqs])
+            shard = QUEUE_READY.unpack(key)[2]
+            tr.set(ready_key(ns, queue, shard, kept.first), kept.encode())
+            delta.removed(ns, queue, run.pick(gone), inflight=False)
+        dropped += len(gone)
+    return dropped, rows[-1][0] if len(rows) == limit else None
+
+
 def delete_page(tr: Transaction, ns: str, queue: str, delta: Delta, limit: int = 500) -> bool:
     """Drop up to ``limit`` entries of any kind; when none are left, the counters too.
     Returns whether entries are left."""

@@ -25,7 +25,9 @@ ones).  A receiver that dies, restarts, loses its link or does not answer in tim
 forward (``NotStored``): the publisher is refused and sends it again; nothing is acknowledged
 on a guess.  A node that finds its own routes cleared was declared dead by the others (a
 pause, a partition): its sessions were adopted elsewhere, so it ends them here (``on_fenced``)
-and announces its routes afresh.
+and announces its routes afresh.  It finds out by anti-entropy, or at its next route write:
+route versions are written only over this start's own (the start token fences them), so a
+node that was declared dead never writes its old routes back as if nothing had happened.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ SHARE_PREFIX = "$share/"
 # How long a restarted node keeps its previous process's routes while its adapters restore
 # the persistent sessions they were for.
 RESTORE_GRACE_S = 10.0
+
+
+class _Fenced(Exception):
+    """This node's routes were cleared by a survivor: it was declared dead meanwhile."""
 
 
 class NotStored(FlowMQError):
@@ -184,9 +190,16 @@ class ClusterRouting:
         self._turn = itertools.count()
         self._poll = PeriodicTask("route-anti-entropy", ANTI_ENTROPY_S, self.anti_entropy)
         # What else the survivor that cleans up after a dead node takes over (MQTT sessions).
-        self.on_node_dead: list[Callable[[str], Awaitable[Any]]] = []
-        # Called when this node finds it was declared dead and its sessions adopted elsewhere.
-        self.on_fenced: list[Callable[[], None]] = []
+        # Called with the node and the process of it that died (its links' incarnation, or
+        # None): what it held belongs to that process only (a restart reclaims it).
+        self.on_node_dead: list[Callable[[str, str | None], Awaitable[Any]]] = []
+        # Called when this node finds it was declared dead and its sessions adopted elsewhere
+        # (awaited if it returns an awaitable), before its routes are announced afresh.
+        self.on_fenced: list[Callable[[], Awaitable[Any] | None]] = []
+        self._rejoining: asyncio.Task[None] | None = None
+        # Route versions are written one at a time: a rejoin's new token is never overwritten
+        # by a batch that read the old one.
+        self._route_writes = asyncio.Lock()
 
     # --- life cycle ---------------------------------------------------------------------------
     async def start(self, port: int, router: Router) -> int:
@@ -247,6 +260,7 @@ class ClusterRouting:
         routes stay, refusing, until the lowest live node adopted its sessions and cleared
         them."""
         self._live.pop(node, None)
+        process = self.links.incarnation_of(node)  # the process that died, if we reached it
         self.links.remove_peer(node)
         applied = self._applied.pop(node, None)
         token = applied[0] if applied is not None else None
@@ -254,7 +268,7 @@ class ClusterRouting:
             self._dead[node] = token
         self._peer_lost(node)
         if min([self.node_id, *self._live]) == self.node_id:
-            asyncio.get_running_loop().create_task(self._clear_dead(node, token))
+            asyncio.get_running_loop().create_task(self._clear_dead(node, token, process))
 
     def _peer_lost(self, node: str) -> None:
         """No answer will come from ``node`` to what was sent so far; if it restarted, the
@@ -269,14 +283,15 @@ class ClusterRouting:
             del self._dead[node]
             self._set_node_routes(node, set())
 
-    async def _clear_dead(self, node: str, token: str | None) -> None:
+    async def _clear_dead(self, node: str, token: str | None, process: str | None) -> None:
         """Adopt what a gone node left, announce the adopted sessions' routes, then remove
-        its routes (``token``: its start as we knew it; None if we never read its routes)."""
+        its routes (``token``: its start as we knew it; None if we never read its routes;
+        ``process``: its links' incarnation, None if we never reached it)."""
         try:
             if node in self._live or not await self._still_gone(node, token):
                 return  # it restarted meanwhile and owns its routes again
             for adopt in self.on_node_dead:
-                await adopt(node)
+                await adopt(node, process)
             routed = self.routes_published()
             if routed is not None:
                 await routed
@@ -313,26 +328,40 @@ class ClusterRouting:
     async def _rejoin(self) -> None:
         """This node's routes were cleared: the others declared it dead (it was paused or cut
         off) and adopted its sessions.  End them here (their clients reconnect and take them
-        over from the adopter), then announce this node's routes under a new start token."""
+        over from the adopter), then announce this node's routes under a new start token.
+        Found by anti-entropy and by a route write (``_Fenced``) alike: one rejoin at a time."""
+        if self._rejoining is None:
+            self._rejoining = asyncio.get_running_loop().create_task(self._rejoin_once())
+        rejoining = self._rejoining
+        try:
+            await asyncio.shield(rejoining)
+        finally:
+            if rejoining.done() and self._rejoining is rejoining:
+                self._rejoining = None
+
+    async def _rejoin_once(self) -> None:
         log.warning(
             "node %s was declared dead meanwhile; its sessions live elsewhere now", self.node_id
         )
         for fenced in self.on_fenced:
-            fenced()
-        self.token = secrets.token_hex(8)
-        self._seq = 0
-        routes = list(self._local)
-        begin, end = keys.ROUTES.range(self.node_id)
-        version_key = keys.ROUTE_VERSIONS.pack(self.node_id)
-        version = json.dumps({"token": self.token, "seq": 0}).encode()
+            ended = fenced()
+            if inspect.isawaitable(ended):
+                await ended
+        async with self._route_writes:
+            self.token = secrets.token_hex(8)
+            self._seq = 0
+            routes = list(self._local)
+            begin, end = keys.ROUTES.range(self.node_id)
+            version_key = keys.ROUTE_VERSIONS.pack(self.node_id)
+            version = json.dumps({"token": self.token, "seq": 0}).encode()
 
-        def reset(tr: Any) -> None:
-            tr.clear_range(begin, end)
-            for namespace, route_filter in routes:
-                tr.set(keys.ROUTES.pack(self.node_id, namespace, route_filter), b"")
-            tr.set(version_key, version)
+            def reset(tr: Any) -> None:
+                tr.clear_range(begin, end)
+                for namespace, route_filter in routes:
+                    tr.set(keys.ROUTES.pack(self.node_id, namespace, route_filter), b"")
+                tr.set(version_key, version)
 
-        await self.meta.transact(reset)
+            await self.meta.transact(reset)
         if self.on_routes_changed is not None:
             self.on_routes_changed(self.token, 0)
 
@@ -375,6 +404,17 @@ class ClusterRouting:
                 waiters, self._waiters = self._waiters, []
                 try:
                     await self._publish_batch(dirty)
+                except _Fenced:
+                    # Declared dead meanwhile: rejoin (which writes every local route under
+                    # a new token), then these changes go out under it.
+                    self._dirty = {**dirty, **self._dirty}
+                    self._waiters = waiters + self._waiters
+                    try:
+                        await self._rejoin()
+                    except Exception:
+                        log.exception("could not rejoin the cluster; retrying")
+                        await asyncio.sleep(ANTI_ENTROPY_S)
+                    continue
                 except Exception:
                     # The meta store is unreachable: keep the changes for the next attempt.
                     log.exception("could not publish subscription routes; retrying")
@@ -393,27 +433,38 @@ class ClusterRouting:
             self._waiters = []
 
     async def _publish_batch(self, dirty: dict[tuple[str, str], bool]) -> None:
-        seq = self._seq + 1
-        version_key = keys.ROUTE_VERSIONS.pack(self.node_id)
-        version = json.dumps({"token": self.token, "seq": seq}).encode()
+        """Write ``dirty`` as the next version of this node's routes, then push it to the
+        peers.  Raises ``_Fenced`` if the routes are no longer this start's: a survivor
+        cleared them (this node was declared dead) — writing them back under the old token
+        would hide that, and the sessions adopted elsewhere would stay here as well."""
+        async with self._route_writes:
+            seq = self._seq + 1
+            token = self.token
+            version_key = keys.ROUTE_VERSIONS.pack(self.node_id)
+            version = json.dumps({"token": token, "seq": seq}).encode()
 
-        def write(tr: Any) -> None:
-            for (namespace, route_filter), present in dirty.items():
-                key = keys.ROUTES.pack(self.node_id, namespace, route_filter)
-                if present:
-                    tr.set(key, b"")
-                else:
-                    tr.clear(key)
-            tr.set(version_key, version)
+            def write(tr: Any) -> bool:
+                raw = tr.get(version_key)
+                if raw is None or json.loads(raw)["token"] != token:
+                    return False
+                for (namespace, route_filter), present in dirty.items():
+                    key = keys.ROUTES.pack(self.node_id, namespace, route_filter)
+                    if present:
+                        tr.set(key, b"")
+                    else:
+                        tr.clear(key)
+                tr.set(version_key, version)
+                return True
 
-        await self.meta.transact(write)
-        self._seq = seq
+            if not await self.meta.transact(write):
+                raise _Fenced
+            self._seq = seq
         if self.on_routes_changed is not None:
-            self.on_routes_changed(self.token, seq)
+            self.on_routes_changed(token, seq)
         added = [list(k) for k, present in dirty.items() if present]
         removed = [list(k) for k, present in dirty.items() if not present]
         await self.request_all(
-            ["route", self.node_id, self.token, seq, added, removed], ROUTE_ACK_TIMEOUT_S
+            ["route", self.node_id, token, seq, added, removed], ROUTE_ACK_TIMEOUT_S
         )
 
     async def request_all(self, frame: list[Any], timeout: float) -> list[Any]:
@@ -543,10 +594,11 @@ class ClusterRouting:
             self.set_members(self.member_source())
         self._expire_requests()
         begin, end = keys.ROUTE_VERSIONS.range()
+        token = self.token
         rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
         versions = {keys.ROUTE_VERSIONS.unpack(key)[0]: json.loads(raw) for key, raw in rows}
         mine = versions.get(self.node_id)
-        if mine is None or mine["token"] != self.token:
+        if (mine is None or mine["token"] != token) and self.token == token:
             await self._rejoin()
         for node, token in list(self._dead.items()):
             version = versions.get(node)

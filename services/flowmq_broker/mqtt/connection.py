@@ -623,20 +623,19 @@ class MqttConnection(asyncio.Protocol):
             return
         cluster = server.cluster
         in_cluster = cluster is not None and cluster.has_peers
-        # Without clean start the session may be on another node, or have outlived a dead
-        # one (its record is in the meta store): take it over first.  Else tell the others
-        # to end theirs.
-        fetch = not p.clean_start and key not in server.sessions
-        if in_cluster and not fetch:
-            server.kick(self.namespace, client_id, clean=bool(p.clean_start))
         existing = server.sessions.get(key)
-        stored = not p.clean_start and existing is not None and existing.stored
-        if fetch or (stored and server.offline is not None):
+        if p.clean_start:
+            later = server.connecting(key)
+        else:  # the session may be elsewhere, or not ours any more, or have stored messages
+            later = in_cluster or existing is None or existing.stored or server.connecting(key)
+        if later:
             self._held = []  # packets the client sends meanwhile wait their turn
             if self.transport is not None:  # …and it sends no more until then
                 self.transport.pause_reading()
-            self._loop.create_task(self._connect_later(p, expiry, assigned, fetch))
+            self._loop.create_task(self._connect_later(p, expiry, assigned))
             return
+        if in_cluster:  # a clean start: the others end theirs
+            server.kick(self.namespace, client_id, clean=True)
         self._attach_session(p, expiry, assigned)
 
     def _capped_expiry(self, expiry: int) -> int:
@@ -654,34 +653,69 @@ class MqttConnection(asyncio.Protocol):
             )
         return cap
 
-    async def _connect_later(
-        self, p: Connect, expiry: int, assigned: str | None, fetch: bool
-    ) -> None:
+    async def _connect_later(self, p: Connect, expiry: int, assigned: str | None) -> None:
         """CONNECT once the session is here: fetched from another node, its offline store
-        emptied into its queue (so stored messages go out first, in order)."""
+        emptied into its queue (so stored messages go out first, in order).  One CONNECT of
+        a client id at a time (a client that gave up on a paused node left several waiting
+        in its socket): each looks at the session as the previous one left it."""
         server = self.server
+        key = (self.namespace, self.client_id)
+        turn = await server.connect_turn(key)
         try:
+            await self._take_session(p)
+            held, self._held = self._held or [], None
+            if self.closing:
+                return
+            if self.transport is not None and not self.delivery.is_paused(self):
+                self.transport.resume_reading()
+            self._attach_session(p, expiry, assigned)
+            self._replay(held)
+            self.delivery.flush_dirty()
+        finally:
+            server.end_connect_turn(key, turn)
+
+    async def _take_session(self, p: Connect) -> None:
+        """Make the session of a CONNECT current here.  Without clean start it may be on
+        another node, or have outlived a dead one (its record is in the meta store): taken
+        over first.  One held here is resumed only if its record still
+        names this node: another may have adopted it while this one was declared dead
+        (paused); then it is taken over from that node, as if it had never been here.  With
+        clean start, or once the session is here, the other nodes end theirs."""
+        server = self.server
+        key = (self.namespace, self.client_id)
+        cluster = server.cluster
+        in_cluster = cluster is not None and cluster.has_peers
+        try:
+            existing = server.sessions.get(key)
+            fetch = not p.clean_start and existing is None
+            if not fetch and in_cluster:
+                if p.clean_start or not existing.persistent():
+                    server.kick(self.namespace, self.client_id, clean=bool(p.clean_start))
+                elif await server.owns_session(*key):
+                    server.kick(self.namespace, self.client_id, clean=False)
+                elif server.sessions.get(key) is existing:
+                    log.info("mqtt %s: its session moved to another node", self.client_id)
+                    if existing.connection is not None:
+                        existing.connection.take_over()
+                    server.discard_session(existing, forget=False, redistribute=False)
+                    fetch = True
             if fetch:
                 await server.fetch_session(self.namespace, self.client_id)
                 # Its subscriptions are routed here once CONNACK goes out, as after a SUBACK.
-                cluster = server.cluster
                 routed = cluster.routes_published() if cluster is not None else None
                 if routed is not None:
                     await routed
-            session = server.sessions.get((self.namespace, self.client_id))
+            session = server.sessions.get(key)
             # Messages stored while we take are taken by the next round.
-            while session is not None and session.stored and server.offline is not None:
+            while (
+                not p.clean_start
+                and session is not None
+                and session.stored
+                and server.offline is not None
+            ):
                 session.queue.extend(await server.offline.take(session))
         except Exception:
             log.exception("mqtt %s: could not take the session over", self.client_id)
-        held, self._held = self._held or [], None
-        if self.closing:
-            return
-        if self.transport is not None and not self.delivery.is_paused(self):
-            self.transport.resume_reading()
-        self._attach_session(p, expiry, assigned)
-        self._replay(held)
-        self.delivery.flush_dirty()
 
     def _attach_session(self, p: Connect, expiry: int, assigned: str | None) -> None:
         """CONNECT, second half: the session is here (or nowhere): take it, send CONNACK."""
@@ -759,7 +793,13 @@ class MqttConnection(asyncio.Protocol):
         session goes with it (nothing of it is stored: a reconnect is told session present
         0, as after a restart); a resumed one stays as it was last stored."""
         try:
-            await self.server.save_session(session)
+            if not await self.server.save_session(session):
+                # Adopted by another node meanwhile (this one was declared dead): the
+                # client takes it over from there when it reconnects.
+                if session.connection is self:
+                    self.take_over()
+                if self.server.sessions.get((session.namespace, session.client_id)) is session:
+                    self.server.discard_session(session, forget=False, redistribute=False)
         except Exception as exc:
             log.warning("mqtt %s: could not store the session: %s", self.client_id, exc)
             ours = session.connection is self

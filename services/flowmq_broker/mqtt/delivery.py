@@ -117,6 +117,8 @@ class MqttDelivery:
         self.sessions = sessions
         self.shared_groups = shared_groups
         self.offline = offline
+        if offline is not None:
+            offline.send = self.send
         self.max_inflight_bytes = max_inflight_bytes
         self.dirty: list[SessionConnection] = []
         self._flush_scheduled = False

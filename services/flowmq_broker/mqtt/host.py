@@ -10,6 +10,7 @@ imports a higher one: a connection reaches the server only through this interfac
 
 from __future__ import annotations
 
+import asyncio
 from typing import Protocol
 
 from flowmq_broker.cluster import ClusterRouting
@@ -62,9 +63,21 @@ class ConnectionHost(Protocol):
 
     async def fetch_session(self, namespace: str, client_id: str) -> Session | None: ...
 
+    def connecting(self, key: tuple[str, str]) -> bool: ...
+
+    async def connect_turn(self, key: tuple[str, str]) -> asyncio.Future[None]: ...
+
+    def end_connect_turn(self, key: tuple[str, str], turn: asyncio.Future[None]) -> None: ...
+
     def kick(self, namespace: str, client_id: str, *, clean: bool) -> None: ...
 
-    async def save_session(self, session: Session) -> None: ...
+    async def save_session(self, session: Session, *, taking_from: str | None = None) -> bool:
+        """Store the record as this node's, unless another node's record says it holds it."""
+        ...
+
+    async def owns_session(self, namespace: str, client_id: str) -> bool:
+        """Whether the stored record names this node (or there is none)."""
+        ...
 
     def expire(self, session: Session) -> None: ...
 

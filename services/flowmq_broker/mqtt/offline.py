@@ -28,9 +28,10 @@ import dataclasses
 import functools
 import logging
 import weakref
+from collections.abc import Callable
 from typing import Any
 
-from flowmq_broker.mqtt.session import Session
+from flowmq_broker.mqtt.session import Session, SessionConnection
 from flowmq_broker.queues import session_queue_name
 from flowmq_core.message import Message
 from flowmq_queue import QueueEngine, QueueOptions
@@ -65,6 +66,9 @@ class OfflineStore:
         # The stored messages (seqs) each session holds in memory: copies and those taken.
         self._held: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()
         self._trim_scheduled = False
+        # How a message another node stored for a connected session goes out to its client
+        # (``MqttDelivery.send``, which sets it: delivery sits above this module).
+        self.send: Callable[[SessionConnection, Message, int, bool, list[int]], None] | None = None
 
     def store(
         self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
@@ -173,7 +177,10 @@ class OfflineStore:
             held = self._held.get(session, set())
             foreign = await self.engine.ready_count(namespace, name) > len(held)
             if not foreign:
-                await self.engine.purge(namespace, name)
+                # Only what this session holds: a message another node stores for it after
+                # the count (it holds the session too, for a moment, around a takeover or a
+                # node declared dead while alive) stays, and is sent at the next look.
+                await self.engine.purge_seqs(namespace, name, held)
                 self._held.pop(session, None)
                 return True
         finally:
@@ -182,9 +189,9 @@ class OfflineStore:
         rows = await asyncio.wait_for(self.engine.peek(namespace, name, MAX_TAKEN), TAKE_TIMEOUT_S)
         connection = session.connection
         for seq, _, message in rows:
-            if seq not in held and connection is not None:
+            if seq not in held and connection is not None and self.send is not None:
                 message, qos, retain, extra = _queued_item(message)
-                connection.send_message(message, qos, retain, extra["subscription_identifier"])
+                self.send(connection, message, qos, retain, extra["subscription_identifier"])
                 held.add(seq)
         self._held[session] = held
         return False

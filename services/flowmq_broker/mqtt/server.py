@@ -54,6 +54,8 @@ __all__ = ["MqttServer"]
 
 # How long a reconnecting client waits for other nodes to hand over its session.
 TAKEOVER_TIMEOUT_S = 1.0
+# ``save_session(taking_from=ANY_OWNER)``: the holder handed the session over.
+ANY_OWNER = "*"
 
 
 class MqttServer:
@@ -108,6 +110,10 @@ class MqttServer:
         # Durable store for offline persistent sessions (else their queue is in memory).
         self.offline = offline
         self.sessions: dict[tuple[str, str], Session] = {}
+        # This process, as its session records name it (the cluster links' incarnation).
+        self.process = cluster.links.incarnation if cluster is not None else None
+        # The latest CONNECT of each client id being handled, one at a time (connect_turn).
+        self._connect_turns: dict[tuple[str, str], asyncio.Future[None]] = {}
         self.shared_groups: dict[tuple[str, str], list[str]] = {}
         # The broker's ACLs (alone: everything allowed); a change drops the subscriptions
         # they no longer allow.
@@ -321,13 +327,19 @@ class MqttServer:
             if self.offline is not None:
                 self.offline.forget(session)
 
-    async def restore_sessions(self, dead: str | None = None) -> int:
+    async def restore_sessions(
+        self, dead: str | None = None, dead_process: str | None = None
+    ) -> int:
         """Bring back persistent sessions, offline, subscriptions bound: at start, this
         node's and those of nodes no longer running; when a survivor adopts a dead node's
-        sessions, those of ``dead``.
+        sessions, those of ``dead`` (``dead_process``: the process of it that died, if known).
 
-        Their expiry restarts from now: the time the broker was down is not counted, as with
-        Mosquitto's persistence.
+        A session is taken from another node only through its record (``save_session``); one
+        whose record another node took meanwhile is let go again.  A restarted node marks its
+        records as its new process's at start, so that a survivor that took it for dead a
+        moment ago adopts none of them — two nodes must not hold one session, or what one
+        stores may not reach the client connected to the other.  Their expiry restarts from now: the time the broker was down is not counted,
+        as with Mosquitto's persistence.
         """
         if dead is None:
             running = {
@@ -336,25 +348,49 @@ class MqttServer:
                 if node["status"] == "up" and node["node_id"] != self.node_id
             }
         begin, end = keys.SESSIONS.range()
-        rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
+        me, process = self.node_id, self.process
+
+        def read(tr: Any) -> list[tuple[bytes, bytes]]:
+            rows = tr.get_range(begin, end)
+            if dead is None and process is not None:  # ours: this process's from now on
+                for key, raw in rows:
+                    record = json.loads(raw)
+                    if record.get("node", me) == me and record.get("process") != process:
+                        tr.set(key, json.dumps({**record, "process": process}).encode())
+            return rows
+
+        rows = await self.meta.transact(read)
         restored = 0
-        adopted: list[Session] = []
+        adopted: list[tuple[Session, str]] = []
         for key, raw in rows:
             namespace, _ = keys.SESSIONS.unpack(key)
             record = json.loads(raw)
             # Records without an owner predate clusters: the single broker's.
-            owner = record.get("node", self.node_id)
+            owner = record.get("node", me)
             if owner != dead if dead is not None else owner in running:
                 continue
             if (namespace, record["client_id"]) in self.sessions:
                 continue
             session = Session.from_record(record, namespace)
-            self.install_session(session)
-            if owner != self.node_id:
-                adopted.append(session)
+            self.install_session(session)  # held (and routed) here before the record says so
+            if owner != me:
+                adopted.append((session, owner))
             restored += 1
-        for session in adopted:  # the records are ours now
-            await self.save_session(session)
+        for session, owner in adopted:  # the records are ours now, unless taken meanwhile
+            if not await self.save_session(session, taking_from=owner, taking_process=dead_process):
+                log.info(
+                    "mqtt %s: not adopted: its node restarted, or another took it",
+                    session.client_id,
+                )
+                if self.sessions.get((session.namespace, session.client_id)) is session:
+                    self.discard_session(session, forget=False, redistribute=False)
+                restored -= 1
+        if adopted:
+            log.info(
+                "mqtt: %d persistent sessions of %s adopted",
+                len(adopted),
+                dead if dead is not None else "nodes no longer running",
+            )
         self.update_subscription_gauge()
         return restored
 
@@ -386,6 +422,29 @@ class MqttServer:
         return len(self.persistent_sessions.get(namespace, ())) >= self.max_sessions
 
     # --- sessions across nodes -----------------------------------------------------------
+    def connecting(self, key: tuple[str, str]) -> bool:
+        """Whether a CONNECT of client id ``key`` is being handled (``connect_turn``)."""
+        return key in self._connect_turns
+
+    async def connect_turn(self, key: tuple[str, str]) -> asyncio.Future[None]:
+        """Wait until the CONNECTs of client id ``key`` that came before are handled; the
+        turn to hand back to ``end_connect_turn`` when this one is (in a ``finally``)."""
+        previous = self._connect_turns.get(key)
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._connect_turns[key] = turn
+        if previous is not None:
+            try:
+                await asyncio.shield(previous)
+            except BaseException:
+                self.end_connect_turn(key, turn)
+                raise
+        return turn
+
+    def end_connect_turn(self, key: tuple[str, str], turn: asyncio.Future[None]) -> None:
+        turn.set_result(None)
+        if self._connect_turns.get(key) is turn:
+            del self._connect_turns[key]
+
     async def fetch_session(self, namespace: str, client_id: str) -> Session | None:
         """A client reconnects here without a clean start, its session not here: take it over
         from the node that holds it, or from its stored record if that node is gone."""
@@ -420,8 +479,16 @@ class MqttServer:
             session = Session.from_state(state, namespace)
             self.install_session(session)
         if session.persistent():  # ours now, even if the client goes before CONNACK
-            await self.save_session(session)
+            await self.save_session(session, taking_from=ANY_OWNER)
         return session
+
+    async def owns_session(self, namespace: str, client_id: str) -> bool:
+        """Whether the stored record of ``client_id``'s session names this node (or there is
+        none): a session held here may have been adopted by another node while this one was
+        declared dead (paused, cut off), and is then that node's, not to be resumed here."""
+        key = keys.SESSIONS.pack(namespace, client_id)
+        raw = await self.meta.transact(lambda tr: tr.get(key))
+        return raw is None or json.loads(raw).get("node", self.node_id) == self.node_id
 
     def kick(self, namespace: str, client_id: str, *, clean: bool) -> None:
         """Tell every other node to end its connection and session of ``client_id``
@@ -450,14 +517,33 @@ class MqttServer:
 
         return when_stored()
 
-    def _fenced(self) -> None:
+    async def _fenced(self) -> None:
         """The cluster declared this node dead (it was paused or cut off) and another node
         adopted its sessions: end them here, so that their clients reconnect and take them
-        over from there (the records are that node's now)."""
-        for session in list(self.sessions.values()):
+        over from there (the records are that node's now).  Kept: the persistent sessions
+        whose record names this node again (taken back since it resumed) and those being
+        taken over right now (a CONNECT's turn) — ending them would leave them on no node, and a message
+        published meanwhile would match no route and be acknowledged without being stored."""
+        begin, end = keys.SESSIONS.range()
+        try:
+            rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
+        except Exception as exc:  # none is known to be ours: all end (their clients return)
+            log.warning("mqtt: could not read the session records: %s", exc)
+            rows = []
+        ours = {
+            (keys.SESSIONS.unpack(key)[0], record["client_id"])
+            for key, raw in rows
+            if (record := json.loads(raw)).get("node", self.node_id) == self.node_id
+        }
+        ended = 0
+        for key, session in list(self.sessions.items()):
+            if key in self._connect_turns or (session.persistent() and key in ours):
+                continue
             if session.connection is not None:
                 session.connection.take_over()
             self.discard_session(session, forget=False, redistribute=False)
+            ended += 1
+        log.info("mqtt: %d sessions ended here, %d kept", ended, len(self.sessions))
 
     def _retained_changed(self, namespace: str, message: Message) -> None:
         cluster = self.cluster
@@ -477,10 +563,36 @@ class MqttServer:
             session.pending_will()
         self.discard_session(session)
 
-    async def save_session(self, session: Session) -> None:
+    async def save_session(
+        self,
+        session: Session,
+        *,
+        taking_from: str | None = None,
+        taking_process: str | None = None,
+    ) -> bool:
+        """Store ``session``'s record as this node's (and this process's).  Only over a
+        record of this node (or none): another node's record means that node holds the
+        session now (it adopted it while this one was declared dead), and it is left alone
+        (False).  Taking a session over, ``taking_from`` names the owner the record must still
+        have (``ANY_OWNER``: a takeover the holder agreed to) and ``taking_process``, if
+        known, the process of it that died (a record its restarted process marked stays)."""
         key = keys.SESSIONS.pack(session.namespace, session.client_id)
-        value = json.dumps({**session.to_record(), "node": self.node_id}).encode()
-        await self.meta.transact(lambda tr: tr.set(key, value))
+        me = self.node_id
+        value = json.dumps({**session.to_record(), "node": me, "process": self.process}).encode()
+
+        def store(tr: Any) -> bool:
+            raw = tr.get(key)
+            if raw is not None and taking_from != ANY_OWNER:
+                record = json.loads(raw)
+                owner = record.get("node", me)
+                # a record of the process that died (not of its restart), when we know it
+                of_dead = taking_process is None or record.get("process") in (None, taking_process)
+                if owner != me and (owner != taking_from or not of_dead):
+                    return False
+            tr.set(key, value)
+            return True
+
+        return await self.meta.transact(store)
 
     async def forget_session(self, session: Session) -> None:
         key = keys.SESSIONS.pack(session.namespace, session.client_id)

@@ -1,9 +1,12 @@
 """Routing MQTT PUBLISH into a durable destination (a Stream): the message is appended there,
 and a QoS 1/2 PUBLISH is acknowledged only once the append is durable (in-process broker, so
-the test can read the Stream's high watermark the moment the acknowledgement arrives)."""
+the test can read the Stream's high watermark the moment the acknowledgement arrives); and a
+connected persistent session's durable Queue."""
 
 from __future__ import annotations
 
+from flowmq_broker.queues import session_queue_name
+from flowmq_core.message import Message
 from flowmq_wire.mqtt.packets import Publish, Pubrec
 
 from .conftest import Paho, RawClient, http, wait_until
@@ -73,3 +76,36 @@ def test_publish_into_stream_is_acknowledged_after_durable_append(inproc_broker)
         live.close()
         pub.close()
         pub4.close()
+
+
+def test_a_message_another_broker_stored_for_a_connected_session_reaches_it(inproc_broker):
+    """Around a takeover (or a broker declared dead while paused) two brokers hold a session
+    for a moment, and one stores a message in its Queue while the client is connected to the
+    other: the connected side sends it once the client is idle, before it drops the copies."""
+    tb = inproc_broker
+    sub = Paho(tb.ports["mqtt"], "held-elsewhere", v5=True, clean=False)
+    pub = Paho(tb.ports["mqtt"], "publisher-here", v5=True)
+    try:
+        sub.connect(clean_start=True, properties={"SessionExpiryInterval": 300})
+        sub.subscribe("elsewhere/#", 1)
+        # One message through this broker: the session has a copy stored, to drop once the
+        # client acknowledged it (about a second later).
+        pub.connect()
+        assert pub.publish("elsewhere/0", b"through-this-broker", 1) == 0
+        queues = tb.broker.queues
+        stored = Message("elsewhere/1", b"stored-by-another-broker", qos=1)
+
+        async def store_elsewhere() -> None:
+            name = session_queue_name("held-elsewhere")
+            await queues.engine.enqueue(NS, name, stored, queues.session_options)
+
+        tb.call_async(store_elsewhere)
+        got = [sub.messages.get(timeout=10) for _ in range(2)]
+        assert [(m.topic, m.payload) for m in got] == [
+            ("elsewhere/0", b"through-this-broker"),
+            ("elsewhere/1", b"stored-by-another-broker"),
+        ]
+    finally:
+        for client in (sub, pub):
+            client.client.disconnect()
+            client.client.loop_stop()

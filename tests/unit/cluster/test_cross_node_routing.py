@@ -311,3 +311,20 @@ async def test_a_qos1_forward_matching_no_subscriber_at_the_receiver_is_refused(
     _, pending = a.router.dispatch("default", Message("r/1", b"x", qos=1))
     with pytest.raises(NotStored):
         await asyncio.wait_for(pending[0], 5)
+
+
+async def test_a_node_declared_dead_meanwhile_finds_out_at_its_next_route_write(nodes):
+    """A survivor cleared b's routes (b was declared dead while paused, its sessions adopted):
+    b's next route write must not put its old routes back under its old start token, which
+    would hide the fence; b ends the sessions it lost (on_fenced) and rejoins under a new
+    token, with the new route."""
+    a, b, _, meta = nodes
+    fenced: list[str] = []
+    b.cluster.on_fenced.append(lambda: fenced.append("b"))
+    old_token = b.cluster.token
+    assert await a.cluster._clear_node("b", old_token)
+    await routed(b.subscribe("b1", "fence/#"))
+    assert fenced == ["b"] and b.cluster.token != old_token
+    raw = await meta.transact(lambda tr: tr.get(keys.ROUTE_VERSIONS.pack("b")))
+    assert raw is not None and old_token not in raw.decode()
+    await wait_until_async(lambda: a.cluster.nodes_matching("default", "fence/1") == {"b"})

@@ -251,6 +251,20 @@ async def test_purge_and_delete(env) -> None:
     assert left == []
 
 
+async def test_purge_seqs_drops_only_the_messages_named(env) -> None:
+    # A connected MQTT session's copies are dropped this way once its client acknowledged
+    # them: what another broker enqueued for it meanwhile must stay.
+    env.queue("q", shards=1)
+    first = [r.seq for r in await env.publish("q", *[f"a{i}".encode() for i in range(6)])]
+    assert await env.engine.purge_seqs("default", "q", {first[0], first[2]}) == 2
+    later = [r.seq for r in await env.publish("q", b"b0", b"b1")]
+    named = {first[1], first[3], first[4], first[5], later[0]}
+    assert await env.engine.purge_seqs("default", "q", named | {10_000}) == 5
+    left = await env.engine.peek("default", "q", 10)
+    assert [(seq, m.payload) for seq, _, m in left] == [(later[1], b"b1")]
+    assert (await env.engine.stats("default", "q"))["count"] == 1
+
+
 async def test_closed_consumer_messages_go_to_another(env) -> None:
     env.queue("q")
     await env.publish("q", b"a", b"b")

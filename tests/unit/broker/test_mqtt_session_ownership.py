@@ -1,0 +1,59 @@
+"""Who holds a persistent MQTT session is its record in the meta store (``node`` and the
+``process`` of it): brokers of one in-memory meta store, no sockets."""
+
+from __future__ import annotations
+
+import pytest
+
+from flowmq_broker.cluster import ClusterRouting
+from flowmq_broker.mqtt.server import MqttServer
+from flowmq_broker.mqtt.session import Session, Subscription
+from flowmq_broker.routing import Router
+from flowmq_meta.memory import MemoryMetaStore
+from flowmq_wire.mqtt.packets import SubscriptionOptions
+
+pytestmark = pytest.mark.timeout(30)
+KEY = ("default", "k")
+
+
+def broker(node_id: str, meta: MemoryMetaStore) -> MqttServer:
+    """One broker process's MQTT state (its cluster routing names the process)."""
+    cluster = ClusterRouting(node_id, meta)
+    return MqttServer(Router(forwarder=cluster), meta, None, None, node_id=node_id, cluster=cluster)
+
+
+async def persistent_session(server: MqttServer) -> None:
+    session = Session("k", "default")
+    session.expiry_interval = 300
+    sub = Subscription("own/#", SubscriptionOptions(qos=1))
+    session.subscriptions[sub.subscribed_filter] = sub
+    assert await server.save_session(session)
+
+
+async def test_a_survivor_adopts_no_session_of_a_node_that_restarted_meanwhile() -> None:
+    """c dies and restarts while b, which took it for dead, is about to adopt its sessions:
+    the restarted process reclaimed them, so b must not hold them beside it."""
+    meta = MemoryMetaStore()
+    c_before = broker("c", meta)
+    await persistent_session(c_before)
+    c_after, b = broker("c", meta), broker("b", meta)
+    assert await c_after.restore_sessions() == 1  # the restart: the session is this process's
+    assert await b.restore_sessions("c", c_before.process) == 0
+    assert KEY in c_after.sessions and KEY not in b.sessions
+    # The process that did die: its sessions are adopted, and then the record is b's.
+    assert await b.restore_sessions("c", c_after.process) == 1
+    assert KEY in b.sessions
+    assert not await c_after.owns_session(*KEY)
+
+
+async def test_a_node_does_not_store_a_session_record_another_node_adopted() -> None:
+    """c was declared dead while paused and b adopted its session: c, resumed, must not
+    write the record back as its own (it would hold the session beside b)."""
+    meta = MemoryMetaStore()
+    c, b = broker("c", meta), broker("b", meta)
+    await persistent_session(c)
+    assert await b.restore_sessions("c", c.process) == 1
+    session = Session("k", "default")
+    session.expiry_interval = 300
+    assert not await c.save_session(session)
+    assert await b.owns_session(*KEY) and not await c.owns_session(*KEY)

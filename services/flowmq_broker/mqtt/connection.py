@@ -912,7 +912,12 @@ class MqttConnection(asyncio.Protocol):
                 ack(packet_id, reason, {"reason_string": why} if why and self.level == 5 else {})
             )
             return
-        waiter = asyncio.gather(*pending) if pending else None
+        if not pending:
+            waiter = None
+        elif len(pending) == 1 and asyncio.isfuture(pending[0]):
+            waiter = pending[0]  # one durable destination: no gathering future around it
+        else:
+            waiter = asyncio.gather(*pending)
         entry = [waiter, ack, packet_id, reason]
         self._acks.append(entry)
         if waiter is not None:

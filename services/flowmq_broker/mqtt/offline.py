@@ -116,7 +116,7 @@ class OfflineStore:
 
         purging.add_done_callback(after_purge)
         session.pending_stores.add(later)
-        later.add_done_callback(session.pending_stores.discard)
+        later.add_done_callback(session.pending_stores.discard, context=_CALLBACK_CONTEXT)
         return later
 
     def _copy(

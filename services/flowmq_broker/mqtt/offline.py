@@ -86,12 +86,10 @@ class OfflineStore:
         if identifiers:
             properties[SUBSCRIPTION_IDS] = identifiers
         stored = dataclasses.replace(message, qos=qos, retain=retain, properties=properties)
-        future = self.engine.enqueue(
-            session.namespace,
-            session_queue_name(session.client_id),
-            stored,
-            self.options,
-        )
+        name = session.store_name
+        if name is None:
+            name = session.store_name = session_queue_name(session.client_id)
+        future = self.engine.enqueue(session.namespace, name, stored, self.options)
         session.pending_stores.add(future)
         future.add_done_callback(session.pending_stores.discard, context=_CALLBACK_CONTEXT)
         return future

@@ -119,6 +119,9 @@ class Session:
         # set when storing, and for a session restored from elsewhere (not known).
         self.stored = False
         self.pending_stores: set[Any] = set()  # stores not yet durable
+        # The offline store's queue name, made at the first store (offline.py): one string
+        # for all of them, not one per store waiting for its flush.
+        self.store_name: str | None = None
 
     @property
     def online(self) -> bool:

@@ -1,9 +1,13 @@
 """An offline persistent session holds no copy of its stored backlog (issue #11): what a
 reconnect took from the store and did not send before the client left again stays in the
-store only, and the next connect takes it again, in order, nothing lost or doubled."""
+store only, and the next connect takes it again, in order, nothing lost or doubled.  A will
+fanned out to offline sessions costs no task per store while the stores wait for a flush."""
 
 from __future__ import annotations
 
+import asyncio
+
+from flowmq_broker.mqtt.delivery import message_from
 from flowmq_wire.mqtt.packets import Puback, Publish, SubscriptionOptions
 
 from .conftest import RawClient, wait_until
@@ -55,4 +59,33 @@ def test_a_session_gone_offline_again_keeps_its_backlog_in_the_store_only(inproc
     assert got[0].dup and got[0].packet_id == first.packet_id
     assert [p.payload for p in got] == [b"m%d" % i for i in range(BACKLOG)]
     back.expect_nothing()
+    back.close()
+
+
+def test_a_will_fanned_out_to_offline_sessions_starts_no_task_per_store(inproc_broker, uid):
+    port = inproc_broker.ports["mqtt"]
+    topic = f"gone/{uid}"
+    away = [f"away-{uid}-{i}" for i in range(20)]
+    for client_id in away:
+        sub = RawClient(port, 5)
+        sub.connect(client_id, clean_start=False, properties=AWAY)
+        sub.subscribe((f"gone/{uid}/#", SubscriptionOptions(qos=1)))
+        sub.disconnect()
+    wait_until(lambda: not any(_session(inproc_broker, c).online for c in away))
+    publisher = RawClient(port, 5)
+    publisher.connect(f"pub-{uid}")
+    connection = _session(inproc_broker, f"pub-{uid}").connection
+
+    def publish_will() -> int:
+        """The will as the broker publishes it; the tasks that started meanwhile."""
+        before = len(asyncio.all_tasks())
+        will = message_from(f"{topic}/will", b"bye", 1, False, None, f"pub-{uid}")
+        connection.server_publish("default", will)
+        return len(asyncio.all_tasks()) - before
+
+    assert inproc_broker.call(publish_will) == 0
+    publisher.close()
+    back = RawClient(port, 5)
+    assert back.connect(away[-1], clean_start=False, properties=AWAY).session_present
+    assert back.expect(Publish).payload == b"bye"  # stored all the same
     back.close()

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import secrets
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import flowmq_metrics as metrics
@@ -1108,27 +1109,39 @@ class MqttConnection(asyncio.Protocol):
         if over_quota:
             self._subscriptions_refused(over_quota)
         server.update_subscription_gauge()
+        self._answer_when_kept(
+            session, lambda: self._finish_subscribe(p.packet_id, codes, retained_to_send)
+        )
+
+    def _answer_when_kept(self, session: Session, answer: Callable[[], None]) -> None:
+        """Answer a SUBSCRIBE or UNSUBSCRIBE once its change is kept: a persistent session's
+        record committed (a SUBACK the client saw must not be undone by this broker's
+        restart) and, in a cluster, the routes published (other brokers forward to us only
+        once they know the new filters).  Reading waits meanwhile, so that later packets are
+        answered in order."""
+        waits: list[Any] = []
         if session.persistent():
-            self._in_background(server.save_session(session))
-        cluster = server.cluster
+            waits.append(self._loop.create_task(self._store_session(session, resumed=True)))
+        cluster = self.server.cluster
         routed = cluster.routes_published() if cluster is not None else None
-        if routed is None:
-            self._finish_subscribe(p.packet_id, codes, retained_to_send)
+        if routed is not None:
+            waits.append(routed)
+        if not waits:
+            answer()
             return
-        # Other brokers forward to us only once they know the new filters: the SUBACK waits
-        # for that, and reading waits with it so that later packets are answered in order.
         if self.transport is not None:
             self.transport.pause_reading()
 
-        def routes_out(_: Any) -> None:
-            if self.transport is None:
-                return
-            self._finish_subscribe(p.packet_id, codes, retained_to_send)
+        def kept(_: Any) -> None:
+            if self.transport is None or self.closing:
+                return  # the record could not be stored: disconnected, nothing to answer
+            answer()
             self.flush()
             if not self.delivery.is_paused(self):
                 self.transport.resume_reading()
 
-        routed.add_done_callback(routes_out)
+        both = waits[0] if len(waits) == 1 else asyncio.gather(*waits, return_exceptions=True)
+        both.add_done_callback(kept)
 
     def _subscriptions_refused(self, count: int) -> None:
         metrics.limits_rejections_count.labels("subscriptions").inc(count)
@@ -1164,10 +1177,8 @@ class MqttConnection(asyncio.Protocol):
             else:
                 self.server.unbind(session, sub)
                 codes.append(rc.SUCCESS)
-        self.send(Unsuback(p.packet_id, codes))
         self.server.update_subscription_gauge()
-        if session.persistent():
-            self._in_background(self.server.save_session(session))
+        self._answer_when_kept(session, lambda: self.send(Unsuback(p.packet_id, codes)))
 
     def _on_pingreq(self, p: Pingreq) -> None:
         self.send(Pingresp())

@@ -243,3 +243,34 @@ def test_durable_writes_through_a_locked_meta_store_are_bounded_and_recover(tmp_
         connection.close()
         publisher.close()
         assert broker.stop() == 0
+
+
+def test_a_persistent_sessions_suback_waits_for_its_record(tmp_path):
+    """A SUBACK tells a persistent session's client its subscription outlives the connection,
+    so it goes out only once the session's record (with the new filter) is committed.  With
+    the meta store locked past its bound the client gets DISCONNECT 0x80, not a SUBACK; once
+    the lock is gone a SUBSCRIBE is answered, and a restarted broker still routes to it."""
+    data = tmp_path / "data"
+    broker = start_broker(data)
+    subscriber = MqttClient(broker.ports["mqtt"], "kept-subscriber", session_expiry=3600)
+    try:
+        with meta_store_locked(data / "meta.db"):
+            subscriber.client.subscribe("kept/locked", 1)
+            assert subscriber.disconnects.get(timeout=TIMEOUT) == UNSPECIFIED_ERROR
+            assert not subscriber._subscribed.is_set(), "SUBACK before the record was stored"
+        subscriber.client.loop_stop()
+        subscriber = MqttClient(broker.ports["mqtt"], "kept-subscriber", session_expiry=3600)
+        subscriber.subscribe("kept/after")
+        subscriber.close()
+        assert broker.stop() == 0
+
+        broker = start_broker(data)
+        subscriber = MqttClient(broker.ports["mqtt"], "kept-subscriber", session_expiry=3600)
+        assert subscriber.session_present
+        publisher = Publisher(broker.ports["mqtt"])
+        assert publisher.publish("kept/after", b"still routed") == 0
+        publisher.close()
+        assert subscriber.messages.get(timeout=TIMEOUT).payload == b"still routed"
+    finally:
+        subscriber.close()
+        assert broker.stop() == 0

@@ -37,6 +37,8 @@ from flowmq_queue.index import QueueOptions
 log = logging.getLogger("flowmq_queue")
 
 DEFAULT_LEASE_MS = 10_000
+# Object GETs a ``peek`` has in flight at once.
+PEEK_CONCURRENCY = 16
 
 DeadLetterFn = Callable[[str, Message], list[Awaitable[Any]]]
 
@@ -251,15 +253,25 @@ class QueueEngine:
         runs = await self.parts.meta.transact(
             lambda tr: index.peek_ready(tr, ns, queue, opts.shards, limit)
         )
+        # A queue's messages are spread over many objects (one per flush that had some):
+        # their GETs go out a few at a time, not one after another (a session's backlog
+        # read at reconnect must come back before CONNACK).
+        gets = asyncio.Semaphore(PEEK_CONCURRENCY)
+
+        async def load(run: Run) -> list[Message]:
+            async with gets:
+                try:
+                    return await load_run(
+                        self.parts.objects, self.parts.cache, run, fill=opts.cache_bodies
+                    )
+                except ObjectNotFound:  # consumed and collected meanwhile
+                    return []
+
+        loaded = await asyncio.gather(*(load(run) for run in runs))
         out: list[tuple[int, int, Message]] = []
-        for run in runs:
-            try:
-                messages = await load_run(
-                    self.parts.objects, self.parts.cache, run, fill=opts.cache_bodies
-                )
-            except ObjectNotFound:  # consumed and collected meanwhile
-                continue
-            out.extend(zip(run.seqs, run.attempts, messages, strict=True))
+        for run, messages in zip(runs, loaded, strict=True):
+            if messages:
+                out.extend(zip(run.seqs, run.attempts, messages, strict=True))
         return out
 
     async def stats(self, ns: str, queue: str) -> dict[str, int]:

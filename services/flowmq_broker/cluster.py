@@ -191,8 +191,9 @@ class ClusterRouting:
         self._poll = PeriodicTask("route-anti-entropy", ANTI_ENTROPY_S, self.anti_entropy)
         # What else the survivor that cleans up after a dead node takes over (MQTT sessions).
         # Called with the node and the process of it that died (its links' incarnation, or
-        # None): what it held belongs to that process only (a restart reclaims it).
-        self.on_node_dead: list[Callable[[str, str | None], Awaitable[Any]]] = []
+        # None): what it held belongs to that process only (a restart reclaims it).  False:
+        # another process of it still holds something, so its routes are not cleared.
+        self.on_node_dead: list[Callable[[str, str | None], Awaitable[bool]]] = []
         # Called when this node finds it was declared dead and its sessions adopted elsewhere
         # (awaited if it returns an awaitable), before its routes are announced afresh.
         self.on_fenced: list[Callable[[], Awaitable[Any] | None]] = []
@@ -290,8 +291,10 @@ class ClusterRouting:
         try:
             if node in self._live or not await self._still_gone(node, token):
                 return  # it restarted meanwhile and owns its routes again
-            for adopt in self.on_node_dead:
-                await adopt(node, process)
+            held = [await adopt(node, process) for adopt in self.on_node_dead]
+            if False in held:  # a process of it holds sessions: not gone, its routes stay
+                log.info("node %s still holds sessions (another process of it): kept", node)
+                return
             routed = self.routes_published()
             if routed is not None:
                 await routed

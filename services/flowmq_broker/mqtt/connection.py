@@ -66,6 +66,8 @@ SERVER_TOPIC_ALIAS_MAXIMUM = 64
 CONNECT_TIMEOUT_S = 30.0
 # Topics one connection remembers as checked (_checked_topics) before starting over.
 MAX_CHECKED_TOPICS = 1000
+# Reads of a resumed session's stored messages before CONNACK (see ``_take_session``).
+MAX_TAKE_ROUNDS = 3
 # Default bound on packets read while CONNECT waits (config ``mqtt_max_held_packets``): reading
 # stops during the wait, so this bounds what the reads already made can hold.
 DEFAULT_MAX_HELD_PACKETS = 1000
@@ -710,13 +712,15 @@ class MqttConnection(asyncio.Protocol):
                 if routed is not None:
                     await routed
             session = server.sessions.get(key)
-            # Messages stored while we take are taken by the next round.
-            while (
-                not p.clean_start
-                and session is not None
-                and session.stored
-                and server.offline is not None
-            ):
+            # Messages stored while we take are taken by the next round, a few rounds at
+            # most: under steady traffic each round (a read of the whole stored backlog)
+            # finds as many new ones as the last, and CONNACK would never go out.  What is
+            # stored after the last round is sent once the session is idle (offline.py).
+            for _ in range(MAX_TAKE_ROUNDS):
+                if p.clean_start or session is None or not session.stored:
+                    break
+                if server.offline is None:
+                    break
                 session.queue.extend(await server.offline.take(session))
         except Exception:
             log.exception("mqtt %s: could not take the session over", self.client_id)

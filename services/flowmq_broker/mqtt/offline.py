@@ -151,7 +151,8 @@ class OfflineStore:
         for session in list(self._copies.keys()):
             if not session.online:
                 continue  # its copies wait for its return (or another node's take)
-            if session.inflight or session.queue or session.pending_stores or session.stored:
+            # ``stored`` (since its connect's last take) is sent by the purge's look.
+            if session.inflight or session.queue or session.pending_stores:
                 busy = True
                 continue
             if session in self._purging:
@@ -192,8 +193,19 @@ class OfflineStore:
         finally:
             del self._purging[session]
             done.set_result(None)
-        rows = await asyncio.wait_for(self.engine.peek(namespace, name, MAX_TAKEN), TAKE_TIMEOUT_S)
+        # Also what was stored while its connect was not attached yet (``session.stored``,
+        # after the connect's last take): nothing else takes it while the client is here.
+        session.stored = False
+        try:
+            rows = await asyncio.wait_for(
+                self.engine.peek(namespace, name, MAX_TAKEN), TAKE_TIMEOUT_S
+            )
+        except BaseException:
+            session.stored = True  # taken at the next connect if not sent before
+            raise
         connection = session.connection
+        if connection is None:
+            session.stored = True
         for seq, _, message in rows:
             if seq not in held and connection is not None and self.send is not None:
                 message, qos, retain, extra = _queued_item(message)

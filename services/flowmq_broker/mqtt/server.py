@@ -112,6 +112,8 @@ class MqttServer:
         self.sessions: dict[tuple[str, str], Session] = {}
         # This process, as its session records name it (the cluster links' incarnation).
         self.process = cluster.links.incarnation if cluster is not None else None
+        # Sessions of a node declared dead that a process of it still holds (adopt_sessions).
+        self._kept_by: dict[str, int] = {}
         # The latest CONNECT of each client id being handled, one at a time (connect_turn).
         self._connect_turns: dict[tuple[str, str], asyncio.Future[None]] = {}
         self.shared_groups: dict[tuple[str, str], list[str]] = {}
@@ -175,7 +177,7 @@ class MqttServer:
             cluster.requests["mqtt.takeover"] = self._on_takeover
             cluster.handlers["mqtt.retain"] = self._on_retained
             self.retained.on_change = self._retained_changed
-            cluster.on_node_dead.append(self.restore_sessions)
+            cluster.on_node_dead.append(self.adopt_sessions)
             cluster.on_fenced.append(self._fenced)
             cluster.on_links_blocked = self.delivery.on_links_blocked
             cluster.on_links_free = self.delivery.on_links_free
@@ -382,6 +384,8 @@ class MqttServer:
                     "mqtt %s: not adopted: its node restarted, or another took it",
                     session.client_id,
                 )
+                if dead is not None and not await self._named_elsewhere(session, dead):
+                    self._kept_by[dead] = self._kept_by.get(dead, 0) + 1
                 if self.sessions.get((session.namespace, session.client_id)) is session:
                     self.discard_session(session, forget=False, redistribute=False)
                 restored -= 1
@@ -393,6 +397,22 @@ class MqttServer:
             )
         self.update_subscription_gauge()
         return restored
+
+    async def adopt_sessions(self, dead: str, dead_process: str | None) -> bool:
+        """Adopt the persistent sessions of ``dead`` (``restore_sessions``); False if a
+        process of it other than ``dead_process`` still holds one (its record says so): the
+        node is not gone — a restart, or a pause our view of its process is older than — and
+        its routes must stay (refusing), or what is published for that session meanwhile
+        would match no route and be acknowledged without being stored."""
+        self._kept_by.pop(dead, None)
+        await self.restore_sessions(dead, dead_process)
+        return not self._kept_by.pop(dead, 0)
+
+    async def _named_elsewhere(self, session: Session, dead: str) -> bool:
+        """Whether ``session``'s record names a node other than ``dead`` (or is gone)."""
+        key = keys.SESSIONS.pack(session.namespace, session.client_id)
+        raw = await self.meta.transact(lambda tr: tr.get(key))
+        return raw is None or json.loads(raw).get("node") != dead
 
     def install_session(self, session: Session) -> None:
         """Make an offline session (restored or taken over) live here: bound, expiring."""

@@ -46,6 +46,22 @@ async def test_a_survivor_adopts_no_session_of_a_node_that_restarted_meanwhile()
     assert not await c_after.owns_session(*KEY)
 
 
+async def test_a_node_whose_process_we_knew_before_is_not_gone() -> None:
+    """b takes c for dead knowing c's process from before its last restart (a pause of the
+    new process, its link not reconnected since): the session stays c's, and b says so, so
+    that c's routes are kept (refusing) instead of cleared — a message published for the
+    session meanwhile would otherwise match no route and be acknowledged, never stored."""
+    meta = MemoryMetaStore()
+    c_before = broker("c", meta)
+    await persistent_session(c_before)
+    c_after, b = broker("c", meta), broker("b", meta)
+    await c_after.restore_sessions()
+    assert not await b.adopt_sessions("c", c_before.process)
+    assert KEY not in b.sessions and await c_after.owns_session(*KEY)
+    assert await b.adopt_sessions("c", c_after.process)  # the process that did die
+    assert KEY in b.sessions
+
+
 async def test_a_node_does_not_store_a_session_record_another_node_adopted() -> None:
     """c was declared dead while paused and b adopted its session: c, resumed, must not
     write the record back as its own (it would hold the session beside b)."""

@@ -136,12 +136,15 @@ def test_the_flowmq_command_finds_the_shared_ports_in_data(host):
     name = f"tour-{uuid.uuid4().hex[:8]}"
     created = flowmq("stream", "create", name, "--filter", f"{name}/#", cwd=cwd)
     assert created.returncode == 0, created.stderr
-    # Made through one process, the stream reaches the other within a gossip round.
+    # Made through one process, the stream reaches the other's routes within a gossip round
+    # (the destination list reads the meta store at once; routing follows the catalog).
     for url in own_http(host).values():
         wait_until(
-            lambda u=url: any(s["name"] == name for s in api(host, u, "/streams")),
+            lambda u=url: any(
+                d["name"] == name for d in api(host, u, f"/routes?topic={name}/eu")["destinations"]
+            ),
             TIMEOUT,
-            what=f"stream {name} known at {url}",
+            what=f"stream {name} routed at {url}",
         )
     produced = flowmq("produce", f"{name}/eu", stdin="order 1\n", cwd=cwd)
     assert produced.returncode == 0, produced.stderr

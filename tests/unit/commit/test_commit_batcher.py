@@ -23,6 +23,7 @@ from flowmq_meta.keys import OBJECT_REFS, OBJECTS_TO_DELETE, SETTINGS
 from flowmq_metrics import REGISTRY
 from flowmq_objstore import ObjectStoreError
 from tests.fixtures.counting import CountingMetaStore, CountingObjectStore
+from tests.fixtures.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -259,8 +260,8 @@ async def test_a_flush_finishing_lets_the_waiting_chunks_start_the_next_at_once(
     first = batcher.submit("g", b"first", RECORDING, "first")
     await meta.transact_waiting.wait()
     second = batcher.submit("g", b"second", RECORDING, "second")
-    while objects.puts < 2:  # the second object is written; its commit waits for the first
-        await asyncio.sleep(0)
+    # the second object is written; its commit waits for the first
+    await wait_until_async(lambda: objects.puts >= 2, step=0, what="the second object written")
     third = batcher.submit("g", b"third", RECORDING, "third")
     meta.transact_gate = second_commit
     meta.transact_waiting.clear()

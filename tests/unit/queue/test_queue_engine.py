@@ -12,6 +12,7 @@ from flowmq_core.message import Message
 from flowmq_meta.keys import OBJECT_REFS, QUEUE_INFLIGHT, QUEUE_READY
 from flowmq_queue import QueueEngine, QueueFull, QueueOptions
 from tests.fixtures.counting import CountingObjectStore
+from tests.fixtures.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -360,8 +361,8 @@ async def test_an_enqueue_submitted_during_a_round_is_claimed_by_the_flush_stori
         first = env.engine.enqueue("default", "q", Message("q", b"m0"), opts)
         await held.wait()  # the first flush (its round riding with it) is committing
         second = env.engine.enqueue("default", "q", Message("q", b"m1"), opts)
-        while env.batcher.pending_bytes:  # the second flush takes m1 and waits its turn
-            await asyncio.sleep(0)
+        # the second flush takes m1 and waits its turn
+        await wait_until_async(lambda: not env.batcher.pending_bytes, step=0, what="m1 taken")
         third = env.engine.enqueue("default", "q", Message("q", b"m2"), opts)
         gate.set()
         await asyncio.gather(first, second, third)
@@ -389,8 +390,10 @@ async def test_enqueues_after_the_riding_round_in_the_same_flush_need_no_claim_o
         await objects.put_waiting.wait()  # a flush is writing: the next ones accumulate
         opts = env.options[("default", "q")]
         first = env.engine.enqueue("default", "q", Message("q", b"m0"), opts)
-        while env.engine.claims._riding is None:  # the round it woke joins the next flush
-            await asyncio.sleep(0)
+        # the round it woke joins the next flush
+        await wait_until_async(
+            lambda: env.engine.claims._riding is not None, step=0, what="a riding round"
+        )
         second = env.engine.enqueue("default", "q", Message("q", b"m1"), opts)
         objects.put_gate = None
         gate.set()

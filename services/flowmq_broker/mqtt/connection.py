@@ -717,9 +717,7 @@ class MqttConnection(asyncio.Protocol):
             # finds as many new ones as the last, and CONNACK would never go out.  What is
             # stored after the last round is sent once the session is idle (offline.py).
             for _ in range(MAX_TAKE_ROUNDS):
-                if p.clean_start or session is None or not session.stored:
-                    break
-                if server.offline is None:
+                if p.clean_start or session is None or not session.stored or server.offline is None:
                     break
                 session.queue.extend(await server.offline.take(session))
         except Exception:

@@ -357,19 +357,14 @@ class MqttDelivery:
             else:
                 if other is None:
                     packets = packets or unpack_run(data, level)
-                    other = b"".join(
-                        encode_publish(topic, p[1], 0, False, False, None, None, conn.level)
-                        for p in packets
-                    )
+                    other = b"".join(_plain_publish(topic, p[1], conn.level) for p in packets)
                 out = other
             limit = conn.client_max_packet
             if limit is not None and len(out) > limit:  # some may fit: one by one
                 packets = packets or unpack_run(data, level)
                 for _, payload, raw in packets:
                     if conn.level != level:
-                        raw = encode_publish(
-                            topic, payload, 0, False, False, None, None, conn.level
-                        )
+                        raw = _plain_publish(topic, payload, conn.level)
                     if len(raw) > limit:
                         conn.m.dropped.inc()  # MQTT 5 §3.1.2.11.4
                         continue
@@ -711,6 +706,11 @@ def message_from(
     return Message(
         topic, payload, qos, retain, headers, now, None, content_type, expiry_ms, "mqtt", extra
     )
+
+
+def _plain_publish(topic: str, payload: bytes, level: int) -> bytes:
+    """A plain QoS 0 PUBLISH (no retain, no DUP, no properties) of protocol ``level``."""
+    return encode_publish(topic, payload, 0, False, False, None, None, level)
 
 
 def unpack_run(data: bytes, level: int) -> list[Any]:

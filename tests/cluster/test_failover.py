@@ -296,7 +296,13 @@ def test_kafka_producer_and_group_continue_after_sigkill(
         # The group moved to a survivor.
         survivor = group_coordinator_now(a, group)
         assert survivor in ("a", "b")
-        assert kafka_requests(cluster[survivor], "SyncGroup") > syncs_before[survivor]
+        # The records can all arrive through the old assignment before the consumer's next
+        # heartbeat finds that the new coordinator does not know it: wait for the rejoin.
+        wait_for(
+            lambda: kafka_requests(cluster[survivor], "SyncGroup") > syncs_before[survivor],
+            30,
+            "the consumer rejoined the group at the survivor",
+        )
     finally:
         producer.stop.set()
         consumer.finish()

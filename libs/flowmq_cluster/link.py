@@ -24,6 +24,12 @@ process: when the peer restarted meanwhile they are dropped and ``Links.on_peer_
 (their senders fail what waited for an answer), never delivered to a process that did not
 exist when they were sent.  The same callback reports every lost outbound connection: an
 answer to a request sent on it can no longer come.
+
+Features: right after its incarnation each side may name the frame kinds it takes beyond the
+first version's (``["features", [name, …]]``), so that a node sends a newer kind only to a
+peer process that said it takes it; a peer on older code never says so (it logs the frame as
+unknown and goes on), and gets the older kinds.  ``Links.supports`` answers for the outbound
+link, and ``Links.on_peer_ready`` tells when what it answers may have changed.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ MAX_BUFFER_BYTES = 64 * 1024 * 1024
 WRITE_HIGH_WATER = 1024 * 1024
 _HELLO = "hello"
 _INCARNATION = "incarnation"
+_FEATURES = "features"
 # A connection must complete the handshake this fast, in at most this many bytes.
 HANDSHAKE_TIMEOUT_S = 5.0
 MAX_HANDSHAKE_BYTES = 4096
@@ -85,11 +92,16 @@ class Link(asyncio.Protocol):
         secret: ClusterSecret | None = None,
         failures: FailureLog | None = None,
         incarnation: str = "",
+        features: tuple[str, ...] = (),
     ):
         self.node_id = node_id
         self.peer = ""
         self.incarnation = incarnation  # this process's
         self.peer_incarnation: str | None = None  # the peer process's, once it said it
+        self.features = features  # the frame kinds beyond the first version's we take
+        self.peer_features: frozenset[str] = frozenset()  # the peer's, once it said them
+        self._features_due = True  # the frame after the incarnation may name them
+        self.on_features: Callable[[Link], None] | None = None
         self.address = "?"  # the peer's IP address, for the failure log
         self.on_frame = on_frame
         self.on_lost = on_lost
@@ -149,6 +161,13 @@ class Link(asyncio.Protocol):
                 if self.peer_incarnation is None:
                     self._on_incarnation(frame)
                     continue
+                if self._features_due:
+                    self._features_due = False
+                    if isinstance(frame, list) and len(frame) == 2 and frame[0] == _FEATURES:
+                        self.peer_features = frozenset(map(str, frame[1]))
+                        if self.on_features is not None:
+                            self.on_features(self)
+                        continue
                 self.on_frame(self, frame)
         except AuthFailure as exc:
             self._fail(str(exc))
@@ -208,6 +227,8 @@ class Link(asyncio.Protocol):
     def _allow_sending(self) -> None:
         self._may_send = True
         self._write_now([_INCARNATION, self.incarnation])  # before any other frame of ours
+        if self.features:
+            self._write_now([_FEATURES, list(self.features)])
         if self._out:
             self.flush()
 
@@ -279,6 +300,7 @@ class Links:
         *,
         host: str = "127.0.0.1",
         secret: ClusterSecret | None = None,
+        features: tuple[str, ...] = (),
     ) -> None:
         check_bind(host, secret)
         self.node_id = node_id
@@ -292,6 +314,10 @@ class Links:
         # Called with a peer's node id when frames sent to it will get no answer: the outbound
         # link to it was lost, or it restarted and what was queued for it was dropped.
         self.on_peer_lost: Callable[[str], None] | None = None
+        # Called with a peer's node id when its outbound link is up, and again if the peer
+        # names its features later: what ``supports`` answers for it may have changed.
+        self.on_peer_ready: Callable[[str], None] | None = None
+        self.features = features  # what this node's links say it takes (see the docstring)
         self._peers: dict[str, _Peer] = {}
         self._inbound: set[Link] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -311,6 +337,7 @@ class Links:
             secret=self.secret,
             failures=self.auth_failures,
             incarnation=self.incarnation,
+            features=self.features,
         )
 
     def _accept(self) -> Link:
@@ -352,6 +379,12 @@ class Links:
         """The process of ``node_id`` our last link to it reached (None: none yet)."""
         peer = self._peers.get(node_id)
         return peer.incarnation if peer is not None else None
+
+    def supports(self, node_id: str, feature: str) -> bool:
+        """Whether the process our outbound link to ``node_id`` reaches takes ``feature``
+        (False while no link is up: the backlog may reach a process on older code)."""
+        peer = self._peers.get(node_id)
+        return peer is not None and peer.link is not None and feature in peer.link.peer_features
 
     def blocked(self, node_id: str) -> bool:
         peer = self._peers.get(node_id)
@@ -407,12 +440,19 @@ class Links:
                     log.info("%s restarted: %d queued frames dropped", node_id, len(backlog))
                     if self.on_peer_lost is not None:
                         self.on_peer_lost(node_id)
-                    return
-                for frame in backlog:
-                    link.send(frame)
+                else:
+                    for frame in backlog:
+                        link.send(frame)
+                self._ready(node_id, link)
                 return
         finally:
             peer.connecting = None
+
+    def _ready(self, node_id: str, link: Link) -> None:
+        on_ready = self.on_peer_ready
+        if on_ready is not None:
+            link.on_features = lambda _: on_ready(node_id)  # the features came after the link
+            on_ready(node_id)
 
     def _lost(self, node_id: str, peer: _Peer, link: Link) -> None:
         if peer.link is link:

@@ -57,6 +57,10 @@ from flowmq_meta.api import MetaStore
 log = logging.getLogger(__name__)
 
 ANTI_ENTROPY_S = 1.0
+# Frame kinds newer than the links' first version that this node takes (``Links.supports``):
+# a peer on older code is sent each message as a ``fwd`` frame of its own instead.
+RUNS = "fwdr"
+LINK_FEATURES = (RUNS,)
 # A forwarded QoS 1/2 message's publisher waits for the receiving nodes' confirmation at
 # most this long (a reply lost with a broken link must not hold it for ever).
 FORWARD_CONFIRM_TIMEOUT_S = 5.0
@@ -147,9 +151,12 @@ class ClusterRouting:
         # given at ``start`` (it is built with this forwarder).
         self.router: Router | None = None
         # The link listener binds ``bind``; with a secret every link is authenticated first.
-        self.links = Links(node_id, self._on_frame, host=bind, secret=secret)
+        self.links = Links(
+            node_id, self._on_frame, host=bind, secret=secret, features=LINK_FEATURES
+        )
         self.links.on_blocked = self._link_blocked
         self.links.on_peer_lost = self._peer_lost
+        self.links.on_peer_ready = self._peer_ready
         # Flow control (the MQTT adapter sets these): a forward just went into a blocked
         # link — slow the publisher down; no link is blocked any more — let it go.  (A
         # forwarded message is delivered with the link it came in on as its source.)
@@ -163,7 +170,7 @@ class ClusterRouting:
         # ["reply", request id, value]; a request handler may return an awaitable
         self.handlers: dict[str, FrameHandler] = {
             "fwd": self._on_forward,
-            "fwdr": self._on_forwarded_runs,
+            RUNS: self._on_forwarded_runs,
             "reply": self._on_reply,
         }
         self.requests: dict[str, RequestHandler] = {
@@ -278,6 +285,12 @@ class ClusterRouting:
             request.fail(node)
         if node in self._live:
             self._reload_soon(node)
+        self._peer_ready(node)  # no link: what it takes is unknown until the next one
+
+    def _peer_ready(self, node: str) -> None:
+        """What ``node``'s process takes (``remote_nodes``) may have changed."""
+        if self.router is not None:
+            self.router.remote_routes_changed()
 
     def _forget_dead(self, node: str) -> None:
         if node in self._dead:
@@ -706,19 +719,24 @@ class ClusterRouting:
         return bindings, confirmed
 
     def remote_nodes(self, namespace: str, topic: str) -> tuple[list[str], bool]:
-        """The nodes with a plain route matching ``topic`` (sorted), and whether a shared
-        group's route on another node matches it too (then each message picks a member)."""
+        """The nodes with a plain route matching ``topic`` (sorted), and whether its
+        messages must go one at a time: a shared group's route on another node matches it
+        too (then each message picks a member), or a matching node does not take runs
+        (``forward_runs``; older code, or no link up yet)."""
         trie = self.remote.get(namespace)
         if trie is None:
             return [], False
         plain: set[str] = set()
-        grouped = False
+        one_at_a_time = False
         for node, group in trie.match(topic):
             if group is None:
                 plain.add(node)
             else:
-                grouped = True
-        return sorted(plain), grouped
+                one_at_a_time = True
+        supports = self.links.supports
+        if not one_at_a_time and not all(supports(node, RUNS) for node in plain):
+            one_at_a_time = True
+        return sorted(plain), one_at_a_time
 
     def forward_runs(self, node: str, namespace: str, origin: str, level: int, runs: list) -> bool:
         """Send ``node`` one ``fwdr`` frame: ``runs`` of plain QoS 0 PUBLISH packets of
@@ -727,7 +745,7 @@ class ClusterRouting:
         backlog full), and a link that is now blocked is reported as ``forward`` does."""
         links = self.links
         count = sum(runs[1::4])
-        frame = ["fwdr", namespace, origin, level, runs]
+        frame = [RUNS, namespace, origin, level, runs]
         if node in self._dead or not links.send(node, frame, count):
             return False
         _forwarded(namespace).inc(count)

@@ -76,8 +76,9 @@ class Forwarder(Protocol):
         ...
 
     def remote_nodes(self, namespace: str, topic: str) -> tuple[list[str], bool]:
-        """The nodes with a plain route matching ``topic``, and whether a shared group's
-        route on another node matches it too."""
+        """The nodes with a plain route matching ``topic``, and whether its messages must go
+        one at a time (``forward``): a shared group elsewhere matches it, or a matching node
+        does not take ``forward_runs``."""
         ...
 
     def forward_runs(self, node: str, namespace: str, origin: str, level: int, runs: list) -> bool:

@@ -141,3 +141,31 @@ async def test_a_forwarded_run_keeps_to_the_subscribers_maximum_packet_size(pair
     await asyncio.to_thread(small.expect_nothing)
     small.close()
     publisher.close()
+
+
+async def test_a_node_on_older_code_gets_each_message_in_a_frame_of_its_own(pair):
+    """A node that does not say it takes runs (older code, in a rolling upgrade) would drop a
+    ``fwdr`` frame as unknown: it is sent each message as a ``fwd`` frame instead."""
+    a, b = pair
+    sub = await subscriber(b, 4, "old-sub", "old/+")
+    await routed(a, "old/1", "b")
+    older = b.cluster
+    assert older is not None and a.cluster is not None
+    older.links.features = ()  # what b's next links say it takes
+    dropped: list[Any] = []
+    older.handlers["fwdr"] = lambda link, frame: dropped.append(frame)  # as older code would
+    for link in list(older.links._inbound):  # a's link to b: the next one is b's new kind
+        link.close()
+    await wait_until_async(
+        lambda: not a.cluster.links.supports("b", "fwdr"), 10, what="a's link to b gone"
+    )
+    publisher = await asyncio.to_thread(RawClient, a.ports["mqtt"], 4)
+    await asyncio.to_thread(publisher.connect, "old-pub")
+    sent = [Publish(f"old/{i % 3}", b"m%d" % i) for i in range(30)]
+    await asyncio.to_thread(publisher.send, *sent)
+    got = await received(sub, len(sent))
+    assert [p.payload for p in got] == [p.payload for p in sent]
+    assert dropped == []
+    assert not a.cluster.links.supports("b", "fwdr")
+    sub.close()
+    publisher.close()

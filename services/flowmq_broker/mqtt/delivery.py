@@ -81,7 +81,8 @@ PlainTarget = tuple[tuple[str, str], list[Subscription], Subscription | None]
 class RoutePlan:
     """Where one topic goes: the plain subscribers, every other binding with its destination
     type, and the other nodes with plain routes for it (``nodes``).  ``direct``: a plain QoS
-    0 message goes by this plan alone (no Stream, Queue or shared group here or elsewhere)."""
+    0 message goes by this plan alone (no Stream, Queue or shared group here or elsewhere,
+    and every node in ``nodes`` takes runs: ``Forwarder.remote_nodes``)."""
 
     __slots__ = ("bindings", "plain", "others", "nodes", "direct")
 
@@ -91,13 +92,13 @@ class RoutePlan:
         plain: list[PlainTarget],
         others: list[tuple[DestinationType, Binding]],
         nodes: list[str],
-        remote_groups: bool,
+        one_at_a_time: bool,
     ) -> None:
         self.bindings = bindings
         self.plain = plain
         self.others = others
         self.nodes = nodes
-        self.direct = not others and not remote_groups
+        self.direct = not others and not one_at_a_time
 
 
 class MqttDelivery:
@@ -184,13 +185,13 @@ class MqttDelivery:
                 )
             others.append((dest_type, binding))
         nodes: list[str] = []
-        remote_groups = False
+        one_at_a_time = False
         forwarder = router.forwarder
         if forwarder is not None and forwarder.remote:
-            nodes, remote_groups = forwarder.remote_nodes(namespace, topic)
+            nodes, one_at_a_time = forwarder.remote_nodes(namespace, topic)
         if len(plans) >= 10_000:  # many distinct topics: start over rather than grow
             plans.clear()
-        plan = plans[topic] = RoutePlan(bindings, plain, others, nodes, remote_groups)
+        plan = plans[topic] = RoutePlan(bindings, plain, others, nodes, one_at_a_time)
         return plan
 
     def dispatch(

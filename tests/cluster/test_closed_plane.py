@@ -159,9 +159,10 @@ def test_brokers_with_another_secret_do_not_join_those_with_the_same_do(tmp_path
         env = {"FLOWMQ_CLUSTER_SECRET": OTHER_SECRET}
         started.append(start_broker(tmp_path / "b", "--node-id", "b", *common, *seed, env=env))
         b = started[-1]
+        # "=": a URL-safe secret may begin with "-", which argparse would take for an option.
         started.append(
             start_broker(
-                tmp_path / "c", "--node-id", "c", *common, *seed, "--cluster-secret", secret
+                tmp_path / "c", "--node-id", "c", *common, *seed, f"--cluster-secret={secret}"
             )  # fmt: skip
         )
         c = started[-1]

@@ -117,7 +117,7 @@ def test_acknowledged_records_and_offsets_survive_sigkill(tmp_path, uid) -> None
                     assert values.get(offset) == value, f"acknowledged record {p}:{offset} lost"
         checker = ck.Consumer(confluent_conf(broker, group_id=group))
         committed = checker.committed(
-            [ck.TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=10
+            [ck.TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30
         )
         checker.close()
         assert [tp.offset for tp in committed] == [7 + p for p in range(PARTITIONS)]

@@ -158,6 +158,24 @@ class Consumers:
             out.append(unacked.popitem(last=False)[1])
         return out
 
+    def ack_run(self, run: list[tuple[int, int]]) -> None:
+        """Basic.Acks (delivery tag, multiple) in order: what ``take_unacked`` and ``settle``
+        do for each, without a list per single ack."""
+        unacked = self.unacked
+        engine = self.shared.queues.engine
+        for tag, multiple in run:
+            if multiple:
+                for d in self.take_unacked(tag, True):
+                    self.settle(d, None)
+                continue
+            d = unacked.pop(tag, None)
+            if d is None:
+                raise ChannelError(rc.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            if type(d) is Delivery:
+                engine.ack(d)
+            else:
+                self.settle(d, None)
+
     def settle(self, d: Delivery | MemDelivery, requeue: bool | None) -> None:
         """Ack (None), reject (False) or requeue (True)."""
         if isinstance(d, Delivery):

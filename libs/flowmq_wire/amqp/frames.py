@@ -307,6 +307,42 @@ def encode_deliver(
     return method_frame(channel, payload) + content_frames(channel, props, body, frame_max)
 
 
+class DeliverEncoder:
+    """Basic.Deliver + content header + one body frame for the messages of one shape (channel,
+    consumer tag, exchange and routing key, properties), from bytes prepared once: per message
+    one ``struct`` pack of the tag and sizes, then the body."""
+
+    __slots__ = ("_again", "_head", "_pack", "_plain", "_tail", "room")
+
+    def __init__(
+        self,
+        channel: int,
+        consumer_tag: bytes,
+        exchange_and_key: bytes,
+        props: bytes,
+        frame_max: int,
+    ) -> None:
+        method_size = 4 + len(consumer_tag) + 8 + 1 + len(exchange_and_key)
+        self._head = _HEAD.pack(FRAME_METHOD, channel, method_size) + _DELIVER_ID + consumer_tag
+        header = FRAME_END_BYTE + _HEAD.pack(FRAME_HEADER, channel, 12 + len(props))
+        header += _U16.pack(CLASS_BASIC) + b"\x00\x00"  # weight
+        self._plain = b"\x00" + exchange_and_key + header
+        self._again = b"\x01" + exchange_and_key + header
+        self._tail = props + FRAME_END_BYTE + bytes((FRAME_BODY,)) + _U16.pack(channel)
+        self._pack = struct.Struct(
+            f">{len(self._head)}sQ{len(self._plain)}sQ{len(self._tail)}sI"
+        ).pack
+        self.room = frame_max - FRAME_OVERHEAD  # the largest body one frame holds
+
+    def encode(self, out: list[bytes], tag: int, redelivered: bool, body: bytes) -> None:
+        """Append the frames for a body of 1 to ``room`` bytes (``encode_deliver`` otherwise)."""
+        size = len(body)
+        mid = self._again if redelivered else self._plain
+        out.append(self._pack(self._head, tag, mid, size, self._tail, size))
+        out.append(body)
+        out.append(FRAME_END_BYTE)
+
+
 def encode_get_ok(
     channel: int,
     delivery_tag: int,

@@ -70,6 +70,7 @@ class Channel:
         self.publish_seq = 0
         self._confirms: collections.deque[list[Any]] = collections.deque()
         self._confirm_scheduled = False
+        self._finished = 0  # destinations that stored a confirmed publish since the last batch
         # This channel's publishes not yet stored: a Basic.Get waits for them, so a get
         # after a publish on the same channel sees it (RabbitMQ's per-channel ordering).
         self._storing: collections.deque[asyncio.Future[Any]] = collections.deque()
@@ -405,7 +406,7 @@ class Channel:
 
     def _stored(self, entry: list[Any], f: asyncio.Future[Any]) -> None:
         """One destination of a confirmed publish has it (or failed)."""
-        self.conn.publish_finished(1)
+        self._finished += 1  # told to the connection with the confirms, once per batch
         if (f.cancelled() or f.exception() is not None) and entry[1] is None:
             entry[1] = False
             if not f.cancelled() and not isinstance(f.exception(), QueueFull):
@@ -425,6 +426,9 @@ class Channel:
     def _send_confirms(self) -> None:
         """Confirm the finished prefix, acks coalesced with ``multiple``."""
         self._confirm_scheduled = False
+        if self._finished:
+            self.conn.publish_finished(self._finished)
+            self._finished = 0
         if self.closed or self.closing:
             return
         confirms = self._confirms

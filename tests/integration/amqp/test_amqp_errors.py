@@ -222,9 +222,7 @@ def test_a_refused_publish_among_publishes_read_together(amqp, raw, uid) -> None
     ch = amqp().channel()
     ch.queue_declare(queue, durable=True)
     client = raw()
-    client.handshake()
-    client.send((commands.Channel.Open(), 1))
-    client.expect(commands.Channel.OpenOk)
+    client.open_channel()
 
     def publish(exchange: str, data: bytes) -> bytes:
         return (

@@ -101,7 +101,7 @@ def patch(out_path):
 
     orig_attempt = S.SqliteMetaStore._attempt
 
-    def attempt(self, fn, immediate):
+    def attempt(self, fn, immediate, *rest):
         rec = fn.rec if isinstance(fn, Marked) else None
         t0 = now()
 
@@ -111,7 +111,7 @@ def patch(out_path):
                 rec["txn_fn_end"] = now()
             return r
 
-        r = orig_attempt(self, wrapped, immediate)
+        r = orig_attempt(self, wrapped, immediate, *rest)
         if rec is not None:
             rec["txn_thread_start"] = t0
             rec["txn_commit_end"] = now()
@@ -173,11 +173,14 @@ def patch(out_path):
     unpack = struct.Struct(">q").unpack_from
     orig_publish = CH.Channel._publish
 
-    def _publish(self, content, body):
+    def _publish(self, *args):
+        # (content, body) before the publish runs, (exchange, key, mandatory, props, body,
+        # topic) since
+        body = args[1] if len(args) == 2 else args[4]
         t = time.time_ns()
         MSG["pub"].append((now(), t - unpack(body)[0]))
         self.__dict__.setdefault("_sent_ts", {})[self.publish_seq + 1] = unpack(body)[0]
-        orig_publish(self, content, body)
+        orig_publish(self, *args)
 
     CH.Channel._publish = _publish
 
@@ -363,7 +366,9 @@ def main():
     ctx = mp.get_context("fork")
     p = ctx.Process(target=child, args=(str(work / "flowmq"), port, stats, out))
     p.start()
-    amqp_bench._wait_ready(port, 30, type("P", (), {"poll": lambda self: p.exitcode})())
+    amqp_bench._wait_ready(
+        port, 30, type("P", (), {"poll": lambda self: p.exitcode, "returncode": None})()
+    )
     import argparse
 
     args = argparse.Namespace(

@@ -21,9 +21,16 @@ because it is the fastest of them (timeit, a 100-byte MQTT message, encode + dec
 
 from __future__ import annotations
 
+import threading
+
 import msgpack
 
 from flowmq_core.message import Message
+
+# One packer per thread: ``msgpack.packb`` builds a Packer per call, which was more than
+# half of an encode (2.6 against 6.9 µs for a 100-byte AMQP message), and a packer is not
+# safe to share between threads (``default`` runs Python code mid-pack).
+_packers = threading.local()
 
 
 class CorruptMessage(ValueError):
@@ -31,7 +38,11 @@ class CorruptMessage(ValueError):
 
 
 def encode_message(message: Message) -> bytes:
-    return msgpack.packb(
+    packer = getattr(_packers, "packer", None)
+    if packer is None:
+        # A property no reader can rebuild still arrives, as text (``default``).
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True, default=str)
+    return packer.pack(
         [
             message.topic,
             message.payload,
@@ -44,9 +55,7 @@ def encode_message(message: Message) -> bytes:
             message.expiry_ms,
             message.source_protocol,
             message.properties,
-        ],
-        use_bin_type=True,
-        default=str,  # a property no reader can rebuild still arrives, as text
+        ]
     )
 
 

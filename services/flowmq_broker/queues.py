@@ -49,9 +49,14 @@ class QueueSettings:
         self._options: dict[int, tuple[Destination, QueueOptions]] = {}
 
     def options(self, ns: str, queue: str) -> QueueOptions | None:
-        dest = self.router.destination(Binding(QUEUE, ns, queue))
+        return self.options_of(Binding(QUEUE, ns, queue))
+
+    def options_of(self, binding: Binding) -> QueueOptions | None:
+        """``options`` for the queue ``binding`` names (no Binding built per message)."""
+        dest = self.router.destination(binding)
         if dest is None:
-            return self.session_options if queue.startswith(SESSION_QUEUE_PREFIX) else None
+            name = binding.name
+            return self.session_options if name.startswith(SESSION_QUEUE_PREFIX) else None
         # Destination objects are replaced when the catalog changes: cache by identity.
         hit = self._options.get(id(dest))
         if hit is None or hit[0] is not dest:
@@ -67,10 +72,10 @@ class QueueDestinationType(DestinationType):
 
     def __init__(self, engine: QueueEngine, settings: QueueSettings) -> None:
         self.engine = engine
-        self.options = settings.options
+        self.options_of = settings.options_of
 
     def accept(self, binding: Binding, message: Message) -> asyncio.Future[int]:
-        opts = self.options(binding.namespace, binding.name) or QueueOptions()
+        opts = self.options_of(binding) or QueueOptions()
         return self.engine.enqueue(binding.namespace, binding.name, message, opts)
 
 

@@ -8,6 +8,7 @@ byte stream into ``(type, channel, payload)``; the ``encode_*`` functions build 
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_METHOD = 1
@@ -51,25 +52,48 @@ class SyntaxError_(Exception):  # noqa: N801 - the builtin name is taken
     """A method's arguments do not parse: 502 SYNTAX_ERROR."""
 
 
-Frame = tuple[int, int, bytes]
+# Not on the wire: what ``FrameReader`` makes of the per-message frames it recognises, so a
+# run of publishes (or acks) costs one item each instead of three frames and a method decode.
+# A Basic.Publish with its content header (class Basic) and exactly one body frame holding
+# the whole body: payload ``(exchange, routing key, bits, raw properties, body)``.
+FRAME_PUBLISH = 0x101
+# A Basic.Ack from a client: payload ``(delivery tag, multiple)``.
+FRAME_ACK = 0x102
+
+# The method each stands for, in errors about it.
+PSEUDO_METHODS = {FRAME_PUBLISH: BASIC_PUBLISH, FRAME_ACK: BASIC_ACK}
+
+Frame = tuple[int, int, Any]
+
+_PUBLISH_PREFIX = b"\x00\x3c\x00\x28"  # Basic.Publish's class and method ids
+_ACK_PREFIX = b"\x00\x3c\x00\x50"
+_PUBLISH_CACHE_MAX = 4096
 
 
 class FrameReader:
-    """Incremental frame splitter; ``feed`` returns every complete frame of the data so far."""
+    """Incremental frame splitter; ``feed`` returns every complete frame of the data so far.
+    With ``whole_messages`` (a server reading clients), a whole publish (FRAME_PUBLISH) or a
+    Basic.Ack (FRAME_ACK) is one item when well formed (anything unusual stays separate
+    frames, for the generic path to judge and refuse)."""
 
-    __slots__ = ("_buf", "max_frame_size")
+    __slots__ = ("_buf", "_publishes", "max_frame_size", "whole_messages")
 
-    def __init__(self, max_frame_size: int = 131072) -> None:
+    def __init__(self, max_frame_size: int = 131072, *, whole_messages: bool = False) -> None:
         self._buf = b""
         self.max_frame_size = max_frame_size
+        self.whole_messages = whole_messages
+        # Basic.Publish arguments (raw) -> decoded: publishers repeat a few exchanges/keys.
+        self._publishes: dict[bytes, tuple[str, str, int] | None] = {}
 
     def feed(self, data: bytes) -> list[Frame]:
         buf = self._buf + data if self._buf else data
         frames: list[Frame] = []
+        append = frames.append
         pos = 0
         end = len(buf)
         limit = self.max_frame_size
         unpack = _HEAD.unpack_from
+        whole = self.whole_messages
         while end - pos >= 7:
             frame_type, channel, size = unpack(buf, pos)
             if size + FRAME_OVERHEAD > limit:
@@ -79,16 +103,95 @@ class FrameReader:
                 break
             if buf[stop] != FRAME_END:
                 raise FrameError(f"frame end octet is 0x{buf[stop]:02x}, not 0xce")
-            if frame_type not in (FRAME_METHOD, FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT):
+            if frame_type == FRAME_METHOD and whole and size >= 4 and channel:
+                ids = buf[pos + 7 : pos + 11]
+                if ids == _PUBLISH_PREFIX:
+                    publish = self._publish(buf, pos + 7, stop, channel)
+                    if publish is not None:
+                        item, pos = publish
+                        append(item)
+                        continue
+                elif ids == _ACK_PREFIX and size == 13:
+                    tag, bits = _TAG_BITS.unpack_from(buf, pos + 11)
+                    append((FRAME_ACK, channel, (tag, bits & 1)))
+                    pos = stop + 1
+                    continue
+            elif frame_type not in (FRAME_HEADER, FRAME_BODY, FRAME_HEARTBEAT, FRAME_METHOD):
                 raise FrameError(f"unknown frame type {frame_type}")
-            frames.append((frame_type, channel, buf[pos + 7 : stop]))
+            append((frame_type, channel, buf[pos + 7 : stop]))
             pos = stop + 1
         self._buf = buf[pos:] if pos < end else b""
         return frames
 
+    def _publish(self, buf: bytes, start: int, stop: int, channel: int) -> tuple[Frame, int] | None:
+        """The publish whose method payload is ``buf[start:stop]``, with its content header and
+        single body frame when all are complete, well formed and on ``channel``; its end."""
+        end = len(buf)
+        head = stop + 1  # the content header frame
+        if end - head < 7 + 14:
+            return None
+        frame_type, hchannel, hsize = _HEAD.unpack_from(buf, head)
+        hstop = head + 7 + hsize
+        if frame_type != FRAME_HEADER or hchannel != channel or hsize < 14 or hstop >= end:
+            return None
+        class_id, _weight, body_size = _CONTENT_HEADER.unpack_from(buf, head + 7)
+        if class_id != CLASS_BASIC or buf[hstop] != FRAME_END or body_size == 0:
+            return None
+        body_at = hstop + 1
+        if end - body_at < 7:
+            return None
+        frame_type, bchannel, bsize = _HEAD.unpack_from(buf, body_at)
+        bstop = body_at + 7 + bsize
+        if (
+            frame_type != FRAME_BODY
+            or bchannel != channel
+            or bsize != body_size
+            or bsize + FRAME_OVERHEAD > self.max_frame_size
+            or bstop >= end
+            or buf[bstop] != FRAME_END
+        ):
+            return None
+        arguments = buf[start + 6 : stop]  # after the ids and reserved-1
+        decoded = self._publishes.get(arguments)
+        if decoded is None:
+            decoded = _publish_arguments(buf, start, stop)
+            if decoded is None:
+                return None
+            if len(self._publishes) >= _PUBLISH_CACHE_MAX:
+                self._publishes.clear()
+            self._publishes[arguments] = decoded
+        exchange, routing_key, bits = decoded
+        item = (
+            FRAME_PUBLISH,
+            channel,
+            (exchange, routing_key, bits, buf[head + 19 : hstop], buf[body_at + 7 : bstop]),
+        )
+        return item, bstop + 1
+
     @property
     def buffered(self) -> int:
         return len(self._buf)
+
+
+def _publish_arguments(buf: bytes, start: int, stop: int) -> tuple[str, str, int] | None:
+    """Exchange, routing key and bits of a Basic.Publish filling exactly ``buf[start:stop]``;
+    None when it does not parse (the generic path refuses it)."""
+    pos = start + 6
+    names = []
+    for _ in range(2):
+        if pos >= stop:
+            return None
+        name_end = pos + 1 + buf[pos]
+        if name_end >= stop:
+            return None
+        try:
+            names.append(buf[pos + 1 : name_end].decode())
+        except UnicodeDecodeError:
+            return None
+        pos = name_end
+    if pos + 1 != stop:
+        return None
+    return names[0], names[1], buf[pos]
 
 
 # --- decoding --------------------------------------------------------------------------------
@@ -202,6 +305,42 @@ def encode_deliver(
         )
     )
     return method_frame(channel, payload) + content_frames(channel, props, body, frame_max)
+
+
+class DeliverEncoder:
+    """Basic.Deliver + content header + one body frame for the messages of one shape (channel,
+    consumer tag, exchange and routing key, properties), from bytes prepared once: per message
+    one ``struct`` pack of the tag and sizes, then the body."""
+
+    __slots__ = ("_again", "_head", "_pack", "_plain", "_tail", "room")
+
+    def __init__(
+        self,
+        channel: int,
+        consumer_tag: bytes,
+        exchange_and_key: bytes,
+        props: bytes,
+        frame_max: int,
+    ) -> None:
+        method_size = 4 + len(consumer_tag) + 8 + 1 + len(exchange_and_key)
+        self._head = _HEAD.pack(FRAME_METHOD, channel, method_size) + _DELIVER_ID + consumer_tag
+        header = FRAME_END_BYTE + _HEAD.pack(FRAME_HEADER, channel, 12 + len(props))
+        header += _U16.pack(CLASS_BASIC) + b"\x00\x00"  # weight
+        self._plain = b"\x00" + exchange_and_key + header
+        self._again = b"\x01" + exchange_and_key + header
+        self._tail = props + FRAME_END_BYTE + bytes((FRAME_BODY,)) + _U16.pack(channel)
+        self._pack = struct.Struct(
+            f">{len(self._head)}sQ{len(self._plain)}sQ{len(self._tail)}sI"
+        ).pack
+        self.room = frame_max - FRAME_OVERHEAD  # the largest body one frame holds
+
+    def encode(self, out: list[bytes], tag: int, redelivered: bool, body: bytes) -> None:
+        """Append the frames for a body of 1 to ``room`` bytes (``encode_deliver`` otherwise)."""
+        size = len(body)
+        mid = self._again if redelivered else self._plain
+        out.append(self._pack(self._head, tag, mid, size, self._tail, size))
+        out.append(body)
+        out.append(FRAME_END_BYTE)
 
 
 def encode_get_ok(

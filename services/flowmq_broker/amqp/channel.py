@@ -29,7 +29,7 @@ from flowmq_broker.amqp.errors import AmqpError, ChannelError, ConnectionError_
 from flowmq_broker.amqp.link import Link
 from flowmq_broker.amqp.state import AmqpState
 from flowmq_broker.amqp.topology import Topology
-from flowmq_broker.routing import DestinationUnavailable
+from flowmq_broker.routing import Binding, DestinationType, DestinationUnavailable
 from flowmq_core.acl import CONSUME, QUEUE
 from flowmq_core.errors import FlowMQError
 from flowmq_queue.errors import QueueFull
@@ -70,11 +70,14 @@ class Channel:
         self.publish_seq = 0
         self._confirms: collections.deque[list[Any]] = collections.deque()
         self._confirm_scheduled = False
+        self._finished = 0  # destinations that stored a confirmed publish since the last batch
         # This channel's publishes not yet stored: a Basic.Get waits for them, so a get
         # after a publish on the same channel sees it (RabbitMQ's per-channel ordering).
-        self._storing: set[asyncio.Future[Any]] = set()
+        self._storing: collections.deque[asyncio.Future[Any]] = collections.deque()
         self.last_queue = ""
         self._content: _Content | None = None
+        # Messages routed by plan in the current run, and their deliveries (counted at its end).
+        self._planned = [0, 0]
         self._blocked = False
         self._backlog: collections.deque[tuple[int, bytes]] = collections.deque()
         # Metric children resolved once: a labels() lookup per message shows in profiles.
@@ -90,25 +93,61 @@ class Channel:
             return
         try:
             self._handle(frame_type, payload)
-        except ChannelError as exc:
-            self.fail(exc.code, exc.text, self._failing_method(payload))
-        except AmqpError as exc:
-            self.conn.fail(exc.code, exc.text, self._failing_method(payload))
-        except fr.SyntaxError_ as exc:
-            self.conn.fail(rc.SYNTAX_ERROR, f"SYNTAX_ERROR - {exc}", self._failing_method(payload))
-        except UnknownMethod as exc:  # here too: a frame replayed from the backlog in a task
-            self.conn.fail(
-                rc.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {exc}", self._failing_method(payload)
-            )
+        except Exception as exc:
+            self._refuse(exc, frame_type, payload)
+
+    def handle_run(self, frame_type: int, run: list[Any]) -> None:
+        """A run of whole publishes (``fr.FRAME_PUBLISH``) or acks (``fr.FRAME_ACK``) from one
+        read, handled together; frame by frame while the channel is not in its plain state."""
+        if self._blocked or self._content is not None or self.closing:
+            for payload in run:
+                self.handle_frame(frame_type, payload)
+            return
+        try:
+            if frame_type == fr.FRAME_PUBLISH:
+                self._publish_run(run)
+            else:
+                self._ack_run(run)
+        except Exception as exc:
+            # The channel or the connection is closing now: the rest of the run is dropped,
+            # as the generic path drops every frame after a refusal.
+            self._refuse(exc, frame_type, run[0])
+
+    def _refuse(self, exc: Exception, frame_type: int, payload: Any) -> None:
+        """The protocol's close reply for what handling a frame raised (others propagate)."""
+        if isinstance(exc, ChannelError):
+            self.fail(exc.code, exc.text, self._failing_method(frame_type, payload))
+        elif isinstance(exc, AmqpError):
+            self.conn.fail(exc.code, exc.text, self._failing_method(frame_type, payload))
+        elif isinstance(exc, fr.SyntaxError_):
+            method = self._failing_method(frame_type, payload)
+            self.conn.fail(rc.SYNTAX_ERROR, f"SYNTAX_ERROR - {exc}", method)
+        elif isinstance(exc, UnknownMethod):  # here too: a frame replayed from the backlog
+            method = self._failing_method(frame_type, payload)
+            self.conn.fail(rc.NOT_IMPLEMENTED, f"NOT_IMPLEMENTED - {exc}", method)
+        else:
+            raise exc
 
     @staticmethod
-    def _failing_method(payload: bytes) -> int:
+    def _failing_method(frame_type: int, payload: Any) -> int:
+        if frame_type >= fr.FRAME_PUBLISH:
+            return fr.PSEUDO_METHODS[frame_type]
         return fr.method_index(payload) if len(payload) >= 4 else 0
 
-    def _handle(self, frame_type: int, payload: bytes) -> None:
+    def _handle(self, frame_type: int, payload: Any) -> None:
         content = self._content
         if content is not None:
-            self._content_frame(content, frame_type, payload)
+            # A recognised publish or ack is a method frame, out of place here.
+            kind = fr.FRAME_METHOD if frame_type >= fr.FRAME_PUBLISH else frame_type
+            self._content_frame(content, kind, payload)
+            return
+        if frame_type == fr.FRAME_PUBLISH:
+            if not self.closing:
+                self._publish_run([payload])
+            return
+        if frame_type == fr.FRAME_ACK:
+            if not self.closing:
+                self._ack_run([payload])
             return
         if self.closing:
             # We sent Channel.Close: everything but Close/CloseOk is dropped, the rest of a
@@ -155,19 +194,14 @@ class Channel:
             if class_id != fr.CLASS_BASIC:
                 raise ConnectionError_(rc.UNEXPECTED_FRAME, f"content header of class {class_id}")
             max_size = self.shared.limits.max_message_bytes
-            if size > max_size:  # RabbitMQ's max_message_size refusal, word for word
+            if size > max_size:
                 self._content = None
-                metrics.limits_rejections_count.labels("amqp_message_bytes").inc()
-                raise ChannelError(
-                    rc.PRECONDITION_FAILED,
-                    f"PRECONDITION_FAILED - message size {size} is larger than configured "
-                    f"max size {max_size}",
-                )
+                raise _too_large(size, max_size)
             content.props = props
             content.size = size
             if size == 0:
                 self._content = None
-                self._publish(content, b"")
+                self._publish_content(content, b"")
             return
         if frame_type != fr.FRAME_BODY:
             raise ConnectionError_(
@@ -184,7 +218,7 @@ class Channel:
                 body = b"".join(content.body)
             else:
                 body = payload
-            self._publish(content, body)
+            self._publish_content(content, body)
         else:
             conn = self.conn
             conn.partial_bytes += len(payload)
@@ -197,6 +231,10 @@ class Channel:
                 )
             content.body.append(payload)
 
+    def _ack_run(self, run: list[tuple[int, int]]) -> None:
+        """Basic.Acks (``fr.FRAME_ACK``: delivery tag, multiple) in order."""
+        self.consumers.ack_run(run)
+
     def _drop_content(self) -> None:
         """Forget a message still being received (its body bytes no longer count)."""
         content = self._content
@@ -207,19 +245,77 @@ class Channel:
 
     # --- publish ------------------------------------------------------------------------
 
-    def _publish(self, content: _Content, body: bytes) -> None:
+    def _publish_content(self, content: _Content, body: bytes) -> None:
+        """A publish assembled frame by frame."""
+        assert content.props is not None
+        topic = self._route(content.exchange, content.routing_key)
+        self._in_count.inc()
+        self._in_bytes.inc(len(body))
+        self._publish(
+            content.exchange, content.routing_key, content.mandatory, content.props, body, topic
+        )
+
+    def _publish_run(self, run: list[tuple[str, str, int, bytes, bytes]]) -> None:
+        """Whole publishes (``fr.FRAME_PUBLISH``) in order: each exchange and routing key
+        checked, and each topic matched, once per run; the counters counted once."""
+        max_size = self.shared.limits.max_message_bytes
+        routes: dict[tuple[str, str], tuple[str | None, _Plan | None]] = {}
+        count = size = 0
+        self._planned = [0, 0]
+        try:
+            for exchange, routing_key, bits, props, body in run:
+                if bits & 2:
+                    raise ConnectionError_(rc.NOT_IMPLEMENTED, "immediate=true is not supported")
+                n = len(body)
+                if n > max_size:
+                    raise _too_large(n, max_size)
+                key = (exchange, routing_key)
+                route = routes.get(key)
+                if route is None:
+                    topic = self._route(exchange, routing_key)
+                    route = routes[key] = (topic, None if topic is None else self._plan(topic))
+                count += 1
+                size += n
+                self._publish(exchange, routing_key, bits & 1, props, body, *route)
+        finally:
+            if count:
+                self._in_count.inc(count)
+                self._in_bytes.inc(size)
+            messages_routed, deliveries = self._planned
+            if messages_routed:
+                self.shared.router.count_published(self.conn.namespace, messages_routed, deliveries)
+
+    def _plan(self, topic: str) -> _Plan | None:
+        """Where ``topic`` goes from here, for a run: (bindings, their destination types);
+        None when the router must see each message (other nodes may want it, or a
+        destination type this broker does not serve: its dispatch refuses)."""
+        router = self.shared.router
+        forwarder = router.forwarder
+        if forwarder is not None and forwarder.remote:
+            return None
+        bindings = router.match(self.conn.namespace, topic)
+        targets = []
+        for binding in bindings:
+            dest_type = router.destination_type(binding)
+            if dest_type is None:
+                return None
+            targets.append((dest_type, binding))
+        return bindings, targets
+
+    def _route(self, exchange_name: str, routing_key: str) -> str | None:
+        """The canonical topic a publish to ``exchange_name`` with ``routing_key`` goes to
+        (None: no topic expresses it), once the exchange and the publish are allowed."""
         conn = self.conn
-        ns = conn.namespace
-        exchange = self.shared.exchanges.get(ns, content.exchange)
+        exchange = self.shared.exchanges.get(conn.namespace, exchange_name)
         if exchange is None:
             raise ChannelError(
-                rc.NOT_FOUND, f"no exchange '{content.exchange}' in vhost '{conn.vhost}'"
+                rc.NOT_FOUND, f"no exchange '{exchange_name}' in vhost '{conn.vhost}'"
             )
         if exchange.internal:
             raise ChannelError(
-                rc.ACCESS_REFUSED, f"cannot publish to internal exchange '{content.exchange}'"
+                rc.ACCESS_REFUSED, f"cannot publish to internal exchange '{exchange_name}'"
             )
-        topic = self.shared.publish_topic(content.exchange, content.routing_key, exchange.type)
+        topic = self.shared.publish_topic(exchange_name, routing_key, exchange.type)
         if topic is not None:
             allowed = conn.access.publish.get(topic)
             if allowed is None:
@@ -228,38 +324,58 @@ class Channel:
                 raise ChannelError(
                     rc.ACCESS_REFUSED,
                     f"publish to topic '{topic}' (exchange "
-                    f"'{content.exchange}', routing key '{content.routing_key}') refused",
+                    f"'{exchange_name}', routing key '{routing_key}') refused",
                 )
-        self._in_count.inc()
-        self._in_bytes.inc(len(body))
+        return topic
+
+    def _publish(
+        self,
+        exchange: str,
+        routing_key: str,
+        mandatory: int,
+        props: bytes,
+        body: bytes,
+        topic: str | None,
+        plan: _Plan | None = None,
+    ) -> None:
+        """Route one allowed publish (by ``plan`` if given, else through the router); confirm
+        it (if confirming) once its destinations have it."""
         seq = 0
         if self.confirm:
             self.publish_seq += 1
             seq = self.publish_seq
-        assert content.props is not None
         pending: list[Awaitable[Any]] = []
         routed = False
         if topic is not None:
-            message = messages.from_publish(
-                topic, content.exchange, content.routing_key, content.props, body
-            )
+            message = messages.from_publish(topic, exchange, routing_key, props, body)
             try:
-                bindings, pending = self.shared.router.dispatch(ns, message)
+                if plan is None:
+                    bindings, pending = self.shared.router.dispatch(self.conn.namespace, message)
+                else:
+                    bindings, targets = plan
+                    for dest_type, binding in targets:
+                        result = dest_type.accept_from(binding, message, None)
+                        if result is not None:
+                            pending.append(result)
+                    planned = self._planned
+                    planned[0] += 1
+                    planned[1] += len(bindings)
             except DestinationUnavailable as exc:
                 if seq:
                     self._confirm(seq, [], str(exc))
                     return
                 raise ChannelError(rc.PRECONDITION_FAILED, str(exc)) from None
             routed = bool(bindings)
-        if not routed and content.mandatory:
+        if not routed and mandatory:
+            conn = self.conn
             conn.send(
                 fr.encode_return(
                     self.number,
                     rc.NO_ROUTE,
                     "NO_ROUTE",
-                    content.exchange,
-                    content.routing_key,
-                    content.props,
+                    exchange,
+                    routing_key,
+                    props,
                     body,
                     conn.frame_max,
                 )
@@ -290,7 +406,7 @@ class Channel:
 
     def _stored(self, entry: list[Any], f: asyncio.Future[Any]) -> None:
         """One destination of a confirmed publish has it (or failed)."""
-        self.conn.publish_finished(1)
+        self._finished += 1  # told to the connection with the confirms, once per batch
         if (f.cancelled() or f.exception() is not None) and entry[1] is None:
             entry[1] = False
             if not f.cancelled() and not isinstance(f.exception(), QueueFull):
@@ -310,6 +426,9 @@ class Channel:
     def _send_confirms(self) -> None:
         """Confirm the finished prefix, acks coalesced with ``multiple``."""
         self._confirm_scheduled = False
+        if self._finished:
+            self.conn.publish_finished(self._finished)
+            self._finished = 0
         if self.closed or self.closing:
             return
         confirms = self._confirms
@@ -350,9 +469,12 @@ class Channel:
             future.add_done_callback(done)
 
     def _hold(self, future: asyncio.Future[Any]) -> None:
+        """Remember a publish until stored (no callback of its own: the done ones are
+        dropped from the front as later ones come)."""
         storing = self._storing
-        storing.add(future)
-        future.add_done_callback(storing.discard)
+        while storing and storing[0].done():
+            storing.popleft()
+        storing.append(future)
 
     def publish_failed(self, exc: BaseException) -> None:
         """A publish without confirms could not be stored."""
@@ -527,8 +649,9 @@ class Channel:
     async def on_basic_get(self, m: commands.Basic.Get) -> None:
         name = self._queue_name(m.queue)
         self._check_consume(name)
-        if self._storing:  # the channel's own earlier publishes first
-            await asyncio.wait(list(self._storing))
+        storing = [f for f in self._storing if not f.done()]
+        if storing:  # the channel's own earlier publishes first
+            await asyncio.wait(storing)
         await self.consumers.get(name, self.topology.lookup(name), m)
 
     def on_basic_recover(self, m: commands.Basic.Recover) -> None:
@@ -543,6 +666,18 @@ class Channel:
         if not m.nowait:
             self.reply(commands.Confirm.SelectOk())
 
+
+def _too_large(size: int, max_size: int) -> ChannelError:
+    """RabbitMQ's max_message_size refusal, word for word (and counted)."""
+    metrics.limits_rejections_count.labels("amqp_message_bytes").inc()
+    return ChannelError(
+        rc.PRECONDITION_FAILED,
+        f"PRECONDITION_FAILED - message size {size} is larger than configured max size {max_size}",
+    )
+
+
+# A topic's route for a run of publishes: its bindings and (destination type, binding) pairs.
+_Plan = tuple[frozenset[Binding], list[tuple[DestinationType, Binding]]]
 
 _HANDLERS: dict[type, Callable[[Channel, Any], Any]] = {
     commands.Channel.Open: Channel.on_channel_open,

@@ -57,7 +57,7 @@ class AmqpConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.limits = shared.limits  # frame_max, channel_max, ... (limits.py)
-        self.reader = fr.FrameReader(self.limits.frame_max)
+        self.reader = fr.FrameReader(self.limits.frame_max, whole_messages=True)
         # header, start, authenticating, tune, open, opening, opened, closing, closed
         self.state = "header"
         self.channels: dict[int, Channel] = {}
@@ -173,13 +173,41 @@ class AmqpConnection(asyncio.Protocol):
             return
         self._in_read = True
         try:
-            for frame_type, number, payload in frames:
-                if self.state == "closed":
-                    break
-                self._frame(frame_type, number, payload)
+            self._frames(frames)
         finally:
             self._in_read = False
         self.flush()
+
+    def _frames(self, frames: list[fr.Frame]) -> None:
+        """Handle a read's frames in order, consecutive publishes (or acks) of one open
+        channel handed over together as a run (DESIGN.md §11)."""
+        channels = self.channels
+        run: list[Any] = []
+        run_type = run_number = -1
+        for frame_type, number, payload in frames:
+            if frame_type == run_type and number == run_number:
+                run.append(payload)
+                continue
+            if run:
+                self._run(run_type, run_number, run)
+                run = []
+                run_type = run_number = -1
+            if self.state == "closed":
+                return
+            if frame_type >= fr.FRAME_PUBLISH and self.state == "opened" and number in channels:
+                run_type, run_number, run = frame_type, number, [payload]
+                continue
+            self._frame(frame_type, number, payload)
+        if run and self.state != "closed":
+            self._run(run_type, run_number, run)
+
+    def _run(self, frame_type: int, number: int, run: list[Any]) -> None:
+        channel = self.channels.get(number)
+        if channel is None:  # closed by a frame of this read: what the generic path says
+            for payload in run:
+                self._frame(frame_type, number, payload)
+            return
+        channel.handle_run(frame_type, run)
 
     # --- output -------------------------------------------------------------------------
 
@@ -253,7 +281,12 @@ class AmqpConnection(asyncio.Protocol):
         except fr.SyntaxError_ as exc:
             self.fail(rc.SYNTAX_ERROR, f"SYNTAX_ERROR - {exc}", _index(payload, frame_type))
 
-    def _open_channel(self, number: int, frame_type: int, payload: bytes) -> None:
+    def _open_channel(self, number: int, frame_type: int, payload: Any) -> None:
+        if frame_type >= fr.FRAME_PUBLISH:  # a publish or ack the reader recognised
+            name = "Basic.Publish" if frame_type == fr.FRAME_PUBLISH else "Basic.Ack"
+            raise ConnectionError_(
+                rc.CHANNEL_ERROR, f"expected Channel.Open on channel {number}, got {name}"
+            )
         if frame_type != fr.FRAME_METHOD:
             raise ConnectionError_(rc.CHANNEL_ERROR, f"frame on unopened channel {number}")
         method = decode_method(payload)
@@ -562,10 +595,10 @@ class AmqpConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
 
-def _index(payload: bytes, frame_type: int) -> int:
+def _index(payload: Any, frame_type: int) -> int:
     if frame_type == fr.FRAME_METHOD and len(payload) >= 4:
         return fr.method_index(payload)
-    return 0
+    return fr.PSEUDO_METHODS.get(frame_type, 0)
 
 
 def _credentials(mechanism: str, response: Any) -> tuple[str | None, bytes | None]:

@@ -31,6 +31,8 @@ from flowmq_wire.amqp import constants as rc
 from flowmq_wire.amqp import frames as fr
 from flowmq_wire.amqp.methods import encode_method
 
+_ENCODERS_MAX = 1024
+
 
 class MemDelivery:
     """An unacknowledged delivery from a memory queue."""
@@ -56,6 +58,8 @@ class Consumers:
             collections.OrderedDict()
         )
         self._exrk_cache: tuple[str, str, bytes] = ("", "", b"\x00\x00")
+        # (consumer tag, exchange and key, properties) -> its deliveries' prepared bytes.
+        self._encoders: dict[tuple[bytes, bytes, bytes], fr.DeliverEncoder] = {}
         # Metric children resolved once: a labels() lookup per message shows in profiles.
         ns = conn.namespace
         self._out_count = metrics.amqp_messages_out_count.labels(ns)
@@ -72,35 +76,48 @@ class Consumers:
         self._exrk_cache = (exchange, key, encoded)
         return encoded
 
+    def _encode(
+        self, out: list[bytes], ctag: bytes, tag: int, redelivered: bool, m: Message
+    ) -> None:
+        """Append one Basic.Deliver with its content to ``out``: from the bytes prepared for
+        its shape (consumer, exchange and routing key, properties) when one body frame holds it."""
+        exrk = self._exchange_and_key(m)
+        props = messages.delivery_properties(m)
+        body = m.payload
+        shape = (ctag, exrk, props)
+        encoder = self._encoders.get(shape)
+        if encoder is None:
+            if len(self._encoders) >= _ENCODERS_MAX:
+                self._encoders.clear()
+            encoder = self._encoders[shape] = fr.DeliverEncoder(
+                self.number, ctag, exrk, props, self.conn.frame_max
+            )
+        if 0 < len(body) <= encoder.room:
+            encoder.encode(out, tag, redelivered, body)
+        else:  # no body frame, or several
+            out.append(
+                fr.encode_deliver(
+                    self.number, ctag, tag, redelivered, exrk, props, body, self.conn.frame_max
+                )
+            )
+
     def deliver_durable(self, ctag: bytes, deliveries: list[Delivery]) -> None:
         if self.closed:
             return
-        conn = self.conn
-        parts = []
-        number = self.number
-        frame_max = conn.frame_max
+        parts: list[bytes] = []
         unacked = self.unacked
+        encode = self._encode
         size = 0
+        tag = self.delivery_tag
         for d in deliveries:
-            self.delivery_tag += 1
-            tag = self.delivery_tag
+            tag += 1
             if not d.consumer.no_ack:
                 unacked[tag] = d
             m = d.message
             size += len(m.payload)
-            parts.append(
-                fr.encode_deliver(
-                    number,
-                    ctag,
-                    tag,
-                    d.redelivered,
-                    self._exchange_and_key(m),
-                    messages.delivery_properties(m),
-                    m.payload,
-                    frame_max,
-                )
-            )
-        conn.send(b"".join(parts))
+            encode(parts, ctag, tag, d.redelivered, m)
+        self.delivery_tag = tag
+        self.conn.send(b"".join(parts))
         self._out_count.inc(len(deliveries))
         self._out_bytes.inc(size)
 
@@ -109,8 +126,7 @@ class Consumers:
     ) -> None:
         if self.closed:
             return
-        conn = self.conn
-        parts = []
+        parts: list[bytes] = []
         size = 0
         for m, redelivered in batch:
             self.delivery_tag += 1
@@ -118,19 +134,8 @@ class Consumers:
             if not consumer.no_ack:
                 self.unacked[tag] = MemDelivery(consumer, m)
             size += len(m.payload)
-            parts.append(
-                fr.encode_deliver(
-                    self.number,
-                    ctag,
-                    tag,
-                    redelivered,
-                    self._exchange_and_key(m),
-                    messages.delivery_properties(m),
-                    m.payload,
-                    conn.frame_max,
-                )
-            )
-        conn.send(b"".join(parts))
+            self._encode(parts, ctag, tag, redelivered, m)
+        self.conn.send(b"".join(parts))
         self._out_count.inc(len(batch))
         self._out_bytes.inc(size)
 
@@ -157,6 +162,24 @@ class Consumers:
                 break
             out.append(unacked.popitem(last=False)[1])
         return out
+
+    def ack_run(self, run: list[tuple[int, int]]) -> None:
+        """Basic.Acks (delivery tag, multiple) in order: what ``take_unacked`` and ``settle``
+        do for each, without a list per single ack."""
+        unacked = self.unacked
+        engine = self.shared.queues.engine
+        for tag, multiple in run:
+            if multiple:
+                for d in self.take_unacked(tag, True):
+                    self.settle(d, None)
+                continue
+            d = unacked.pop(tag, None)
+            if d is None:
+                raise ChannelError(rc.PRECONDITION_FAILED, f"unknown delivery tag {tag}")
+            if type(d) is Delivery:
+                engine.ack(d)
+            else:
+                self.settle(d, None)
 
     def settle(self, d: Delivery | MemDelivery, requeue: bool | None) -> None:
         """Ack (None), reject (False) or requeue (True)."""

@@ -9,6 +9,7 @@ the ``Message``.  Messages from elsewhere get properties built from those fields
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 from flowmq_core.message import Message, now_ms
@@ -34,15 +35,20 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return props
 
 
-def from_publish(
-    topic: str, exchange: str, routing_key: str, raw_props: bytes, body: bytes
-) -> Message:
-    """Raises ``flowmq_wire.amqp.frames.SyntaxError_`` for malformed properties."""
-    now = now_ms()
-    props = _parse(raw_props)
-    extra: dict[str, Any] = {RAW: raw_props, EXCHANGE: exchange, ROUTING_KEY: routing_key}
+# What a set of raw properties gives every message published with it: (qos, content type,
+# headers, expiration in ms or None, correlation data or None).
+_Shape = tuple[int, str | None, list[tuple[str, bytes]], int | None, bytes | None]
+_SHAPES: dict[bytes, _Shape] = {}
+
+
+def _shape(raw: bytes) -> _Shape:
+    shape = _SHAPES.get(raw)
+    if shape is not None:
+        return shape
+    props = _parse(raw)
     headers: list[tuple[str, bytes]] = []
-    expiry = None
+    expiration = None
+    correlation = None
     if props:
         table = props.get("headers")
         if table is not None:
@@ -50,25 +56,51 @@ def from_publish(
                 (k, amqp_props.header_value_bytes(v))
                 for k, v in amqp_props.decode_headers(table).items()
             ]
-        expiration = props.get("expiration")
-        if expiration is not None:
+        text = props.get("expiration")
+        if text is not None:
             try:
-                expiry = now + max(0, int(expiration))
+                expiration = max(0, int(text))
             except ValueError:
                 pass
-        correlation = props.get("correlation_id")
-        if correlation is not None:
-            extra["correlation_data"] = correlation.encode()
+        correlation_id = props.get("correlation_id")
+        if correlation_id is not None:
+            correlation = correlation_id.encode()
+    shape = (
+        1 if props.get("delivery_mode") == 2 else 0,
+        props.get("content_type"),
+        headers,
+        expiration,
+        correlation,
+    )
+    if len(_SHAPES) >= _PARSED_MAX:
+        _SHAPES.clear()
+    _SHAPES[raw] = shape
+    return shape
+
+
+def from_publish(
+    topic: str, exchange: str, routing_key: str, raw_props: bytes, body: bytes
+) -> Message:
+    """Raises ``flowmq_wire.amqp.frames.SyntaxError_`` for malformed properties."""
+    now = time.time_ns() // 1_000_000  # now_ms(), without the call
+    qos, content_type, headers, expiration, correlation = _SHAPES.get(raw_props) or _shape(
+        raw_props
+    )
+    extra: dict[str, Any] = {RAW: raw_props, EXCHANGE: exchange, ROUTING_KEY: routing_key}
+    if correlation is not None:
+        extra["correlation_data"] = correlation
     return Message(
-        topic=topic,
-        payload=body,
-        qos=1 if props.get("delivery_mode") == 2 else 0,
-        headers=headers,
-        timestamp_ms=now,
-        content_type=props.get("content_type"),
-        expiry_ms=expiry,
-        source_protocol="amqp",
-        properties=extra,
+        topic,
+        body,
+        qos,
+        False,
+        headers.copy(),  # each message its own: a header change must not reach the others
+        now,
+        None,
+        content_type,
+        None if expiration is None else now + expiration,
+        "amqp",
+        extra,
     )
 
 

@@ -146,6 +146,12 @@ class RawAmqp:
         self.send((commands.Connection.Open(virtual_host=vhost), 0))
         return self.recv()[1]
 
+    def open_channel(self, channel: int = 1) -> None:
+        """Handshake, then open ``channel``."""
+        self.handshake()
+        self.send((commands.Channel.Open(), channel))
+        self.expect(commands.Channel.OpenOk)
+
     def closed_with(self) -> commands.Connection.Close:
         """The Connection.Close the broker sends (answered with CloseOk)."""
         close = self.expect(commands.Connection.Close)

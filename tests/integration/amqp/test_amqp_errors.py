@@ -7,7 +7,8 @@ import struct
 
 import pika
 import pytest
-from pamqp import commands, frame
+from pamqp import body as pbody
+from pamqp import commands, frame, header
 
 from tests.fixtures.broker_process import start_broker
 from tests.fixtures.cli import flowmq_user
@@ -211,3 +212,26 @@ def test_502_syntax_error(raw) -> None:
     truncated = b"\x00\x32\x00\x0a\x00\x00\x05ab"  # Queue.Declare cut inside the name
     client.send_raw(struct.pack(">BHI", 1, 1, len(truncated)) + truncated + b"\xce")
     assert client.closed_with().reply_code == 502
+
+
+def test_a_refused_publish_among_publishes_read_together(amqp, raw, uid) -> None:
+    """Publishes that arrive in one read are handled as a run: the one to a missing exchange
+    still closes the channel with 404 naming Basic.Publish, the publish before it is stored
+    and the one after it dropped, as when they come one at a time."""
+    queue = f"run-{uid}"
+    ch = amqp().channel()
+    ch.queue_declare(queue, durable=True)
+    client = raw()
+    client.open_channel()
+
+    def publish(exchange: str, data: bytes) -> bytes:
+        return (
+            frame.marshal(commands.Basic.Publish(exchange=exchange, routing_key=queue), 1)
+            + frame.marshal(header.ContentHeader(0, len(data), commands.Basic.Properties()), 1)
+            + frame.marshal(pbody.ContentBody(data), 1)
+        )
+
+    client.send_raw(publish("", b"first") + publish(f"nowhere-{uid}", b"no") + publish("", b"x"))
+    close = client.expect(commands.Channel.Close)
+    assert close.reply_code == 404 and (close.class_id, close.method_id) == (60, 40)
+    assert [b for _, _, b in drain(ch, queue, 2, timeout=2)] == [b"first"]

@@ -102,3 +102,72 @@ def test_methods_round_trip_and_unknown_method() -> None:
         decode_method(b"\x00\x63\x00\x01")
     with pytest.raises(fr.SyntaxError_):
         fr.decode_publish(b"\x00\x3c\x00\x28\x00\x00\x09ab")
+
+
+def _publish(channel: int, exchange: str, key: str, body: bytes, *, bits: int = 0) -> bytes:
+    publish = commands.Basic.Publish(
+        exchange=exchange, routing_key=key, mandatory=bool(bits & 1), immediate=bool(bits & 2)
+    )
+    return (
+        frame.marshal(publish, channel)
+        + frame.marshal(header.ContentHeader(0, len(body), PROPS), channel)
+        + (frame.marshal(pbody.ContentBody(body), channel) if body else b"")
+    )
+
+
+def test_reader_hands_over_whole_publishes_and_acks() -> None:
+    ack = frame.marshal(commands.Basic.Ack(delivery_tag=9, multiple=True), 2)
+    data = _publish(1, "ex", "rk", b"hello", bits=1) + ack + _publish(1, "", "q", b"x")
+    items = fr.FrameReader(whole_messages=True).feed(data)
+    raw = properties.build(
+        {k: getattr(PROPS, k) for k in ("content_type", "headers", "delivery_mode")}
+        | {"correlation_id": "c1", "expiration": "1000", "app_id": "app"}
+    )
+    assert items == [
+        (fr.FRAME_PUBLISH, 1, ("ex", "rk", 1, raw, b"hello")),
+        (fr.FRAME_ACK, 2, (9, 1)),
+        (fr.FRAME_PUBLISH, 1, ("", "q", 0, raw, b"x")),
+    ]
+    # A client's reader, and a publish still arriving: frame by frame, for the generic path.
+    assert [t for t, _, _ in fr.FrameReader().feed(data)] == [1, 2, 3, 1, 1, 2, 3]
+    reader = fr.FrameReader(whole_messages=True)
+    assert [t for t, _, _ in reader.feed(data[:-3])] == [fr.FRAME_PUBLISH, fr.FRAME_ACK, 1, 2]
+    assert reader.feed(data[-3:]) == [(3, 1, b"x")]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _publish(1, "ex", "rk", b""),  # no body frame
+        _publish(1, "ex", "rk", b"ab")[:-10]  # the body in two frames
+        + frame.marshal(pbody.ContentBody(b"a"), 1)
+        + frame.marshal(pbody.ContentBody(b"b"), 1),
+        _publish(1, "ex", "rk", b"ab").replace(b"\x02\x00\x01", b"\x02\x00\x03", 1),  # channel
+        _publish(0, "ex", "rk", b"ab"),  # channel 0: refused as the generic path says
+    ],
+)
+def test_reader_leaves_unusual_publishes_frame_by_frame(data: bytes) -> None:
+    items = fr.FrameReader(whole_messages=True).feed(data)
+    assert items == fr.FrameReader().feed(data)
+
+
+def test_reader_leaves_a_publish_with_a_bad_name_to_the_generic_path() -> None:
+    data = bytearray(_publish(1, "ex", "rk", b"ab"))
+    data[data.index(b"rk")] = 0xFF  # not UTF-8
+    items = fr.FrameReader(whole_messages=True).feed(bytes(data))
+    assert [t for t, _, _ in items] == [1, 2, 3]
+    with pytest.raises(fr.SyntaxError_):
+        fr.decode_publish(items[0][2])
+
+
+@pytest.mark.parametrize("redelivered", [False, True])
+@pytest.mark.parametrize("size", [1, 100, 4096 - 8])
+def test_deliver_encoder_matches_encode_deliver(redelivered: bool, size: int) -> None:
+    raw = properties.build({"content_type": "text/plain", "delivery_mode": 2})
+    ctag, exrk = fr.shortstr("ctag"), fr.shortstr("ex") + fr.shortstr("rk")
+    encoder = fr.DeliverEncoder(3, ctag, exrk, raw, 4096)
+    assert encoder.room == size or size < encoder.room
+    out: list[bytes] = []
+    encoder.encode(out, 12345, redelivered, b"z" * size)
+    expected = fr.encode_deliver(3, ctag, 12345, redelivered, exrk, raw, b"z" * size, 4096)
+    assert b"".join(out) == expected

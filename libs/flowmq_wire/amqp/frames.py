@@ -67,7 +67,8 @@ Frame = tuple[int, int, Any]
 
 _PUBLISH_PREFIX = b"\x00\x3c\x00\x28"  # Basic.Publish's class and method ids
 _ACK_PREFIX = b"\x00\x3c\x00\x50"
-_PUBLISH_CACHE_MAX = 4096
+# Per connection: a client cycling through names costs at most ~300 KB here, not megabytes.
+_PUBLISH_CACHE_MAX = 256
 
 
 class FrameReader:

@@ -143,6 +143,9 @@ class FileObjectStore(ObjectStore):
         fdatasync.  Only under write intents of ``keys``: an empty file left by a crash is
         then an orphan GC deletes."""
         parents: dict[str, None] = {}
+        # Listed as reserved before they exist, so ``list`` never shows them empty; a key
+        # is written only after this returned (the same thread calls both).
+        self._reserved.update(keys)
         try:
             for key in keys:
                 path = self._path(key)
@@ -150,9 +153,9 @@ class FileObjectStore(ObjectStore):
                 parents[os.path.dirname(path)] = None
             for parent in parents:
                 _fsync_dir(parent)
-        except OSError as e:
+        except (OSError, ObjectStoreError) as e:
+            self._reserved.difference_update(keys)  # their writes make whole files
             raise ObjectStoreError(f"creating {keys!r} in {self.url} failed: {e}") from e
-        self._reserved.update(keys)
 
     def _write_reserved(self, key: str, path: str, data: bytes) -> None:
         try:

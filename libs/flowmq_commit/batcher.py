@@ -473,6 +473,10 @@ class GroupCommitBatcher:
                 await self._task
         if self._pressure_timer is not None:
             self._pressure_timer.cancel()
+        if self._flush_thread is not None:
+            # Every object created ahead exists before its intent is abandoned, so GC's
+            # deletion cannot come first and leave it behind.
+            await self._flush_thread.idle()
         abandoned = [*self._abandoned, *(key for key, _ in self._keys)]
         self._keys.clear()
         if abandoned:

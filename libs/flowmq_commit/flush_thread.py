@@ -94,6 +94,11 @@ class FlushThread:
                 "could not create objects ahead; their flushes write them whole", exc_info=True
             )
 
+    async def idle(self) -> None:
+        """Wait until the jobs submitted so far (objects being created ahead) are done."""
+        with contextlib.suppress(RuntimeError):  # shut down
+            await asyncio.get_running_loop().run_in_executor(self._executor, lambda: None)
+
     def close(self) -> None:
         """Stop after the jobs already submitted (the batcher has awaited them)."""
         self._executor.shutdown(wait=False)

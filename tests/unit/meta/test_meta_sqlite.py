@@ -227,3 +227,41 @@ async def test_closed_store(tmp_path) -> None:
     with pytest.raises(MetaError, match="closed"):
         await store.transact(lambda tr: tr.get(K))
     await store.close()  # idempotent
+
+
+async def test_a_transaction_queued_from_a_thread_reruns_before_the_next_one(tmp_path) -> None:
+    """``transact_from_thread`` (the batcher's flush thread): a conflict reruns in the store's
+    thread, so a transaction queued after it sees its commit."""
+    path = tmp_path / "q.db"
+    store = SqliteMetaStore(str(path), begin="deferred")
+    loop = asyncio.get_running_loop()
+    await store.transact(lambda tr: tr.set(K, encode_int(1)))
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (K, encode_int(10)))
+    rerun = threading.Event()
+    calls = 0
+
+    def first(tr):
+        nonlocal calls
+        calls += 1
+        if calls >= 2:
+            rerun.set()
+        value = decode_int(tr.get(K))
+        tr.set(K, encode_int(value + 1))
+        return value
+
+    futures = [loop.create_future(), loop.create_future()]
+
+    def queue_both() -> None:
+        store.transact_from_thread(first, loop, futures[0])
+        store.transact_from_thread(lambda tr: decode_int(tr.get(K)), loop, futures[1])
+
+    try:
+        await asyncio.to_thread(queue_both)
+        assert await asyncio.to_thread(rerun.wait, WAIT)
+        other.execute("COMMIT")
+        assert await asyncio.wait_for(asyncio.gather(*futures), WAIT) == [10, 11]
+    finally:
+        other.close()
+        await store.close()

@@ -250,6 +250,8 @@ def serve_flowmq(data_dir: str, amqp_port: int, stats_file: str) -> None:
     """Child mode: one Broker that counts its meta-store transactions."""
     import asyncio
 
+    from meta_counting import count_transactions
+
     from flowmq_broker.runtime import tune_interpreter
     from flowmq_broker.server import Broker
     from flowmq_core.config import BrokerConfig
@@ -280,15 +282,7 @@ def serve_flowmq(data_dir: str, amqp_port: int, stats_file: str) -> None:
         )
         broker = Broker(config)
         await broker.start()
-        meta = broker.meta
-        inner = meta.transact
-        count = [0]
-
-        async def counting(fn: Any) -> Any:
-            count[0] += 1
-            return await inner(fn)
-
-        meta.transact = counting  # type: ignore[method-assign]
+        count = count_transactions(broker.meta)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)

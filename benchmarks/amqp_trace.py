@@ -6,10 +6,11 @@ timestamps taken by monkeypatching (nothing in the broker changes; experiments o
         ``lat`` load, 0 for the unlimited 1x1 load; PYSPY=out.txt also records py-spy)
 
 Per flush: the wait from submission to the flush's start, the hand-off to the object store's
-thread, write + fsync of the object, rename + directory fsync, the hand-off back, the wait
-for the previous flush (pipelining), the hand-off to the meta store's thread, the
-transaction's Python, its COMMIT (the WAL fsync), the hand-off back and the after-commit
-work; mean, p50, p99 and the mean weighted by messages per flush.  Per message (wall clock
+(or flush) thread, write + fsync of the object, rename + directory fsync, the hand-off back,
+the wait for the previous flush (pipelining), the hand-off to the meta store's thread (from
+the loop, or from the flush thread on a tree that has one: then there is no hand-off back
+in between), the transaction's Python, its COMMIT (the WAL fsync), the hand-off back and the
+after-commit work; mean, p50, p99 and the mean weighted by messages per flush.  Per message (wall clock
 against the send time in the body): read, confirm written, delivered.  Per claim round: how
 it ran (riding a flush, an urgent transaction of its own after a commit, or its own) and
 whether it claimed anything.
@@ -21,6 +22,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -62,33 +64,53 @@ def patch(out_path):
     from flowmq_broker.amqp import connection as CO
 
     REC = contextvars.ContextVar("rec", default=None)
-    orig_put_sync = F.FileObjectStore._put_sync
+    # The flush thread (one job per flush, where the tree has one) runs without the flush
+    # task's context: its records are found by object key.
+    BY_KEY = {}
+    CURRENT = threading.local()
 
-    def put_sync(self, key, path, data):
-        rec = REC.get()
-        if rec is not None:
+    class OsProxy:
+        """``os`` for flowmq_objstore.file, marking each fsync / fdatasync of a traced write."""
+
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        def _mark(self):
+            marks = getattr(CURRENT, "marks", None)
+            if marks is not None:
+                marks.append(now())
+
+        def fsync(self, fd):
+            os.fsync(fd)
+            self._mark()
+
+        def fdatasync(self, fd):
+            os.fdatasync(fd)
+            self._mark()
+
+    F.os = OsProxy()
+
+    def traced_write(orig, rec_of):
+        def write(self, key, *args):
+            rec = rec_of(key)
+            if rec is None or getattr(CURRENT, "marks", None) is not None:
+                return orig(self, key, *args)
             rec["put_thread_start"] = now()
-        marks = []
-        real_fsync = os.fsync
+            CURRENT.marks = rec["put_fsyncs"] = []
+            try:
+                return orig(self, key, *args)
+            finally:
+                CURRENT.marks = None
+                rec["put_thread_end"] = now()
 
-        def fsync(fd):
-            real_fsync(fd)
-            marks.append(now())
+        return write
 
-        F.os = type("O", (), {})()
-        for k in dir(os):
-            if not k.startswith("__"):
-                setattr(F.os, k, getattr(os, k))
-        F.os.fsync = fsync
-        try:
-            orig_put_sync(self, key, path, data)
-        finally:
-            F.os = os
-        if rec is not None:
-            rec["put_fsyncs"] = marks
-            rec["put_thread_end"] = now()
-
-    F.FileObjectStore._put_sync = put_sync
+    # Before the flush thread: put → _put_sync in asyncio.to_thread (the context follows).
+    F.FileObjectStore._put_sync = traced_write(F.FileObjectStore._put_sync, lambda k: REC.get())
+    if hasattr(F.FileObjectStore, "write_blocking"):
+        F.FileObjectStore.write_blocking = traced_write(
+            F.FileObjectStore.write_blocking, lambda k: BY_KEY.pop(k, None)
+        )
     orig_put = F.FileObjectStore.put
 
     async def put(self, key, data):
@@ -99,9 +121,33 @@ def patch(out_path):
 
     F.FileObjectStore.put = put
 
+    try:
+        from flowmq_commit import flush_thread as FT
+    except ImportError:
+        FT = None
+    if FT is not None:
+        orig_wac = FT.FlushThread.write_and_commit
+
+        def write_and_commit(self, key, body, txn, on_written):
+            rec = REC.get()
+            if rec is None:
+                return orig_wac(self, key, body, txn, on_written)
+            BY_KEY[key] = rec
+            rec["txn_submit"] = now()
+
+            def written(seconds):
+                rec["put_loop"] = now()
+                on_written(seconds)
+
+            future = orig_wac(self, key, body, Marked(txn, rec), written)
+            future.add_done_callback(lambda f: rec.__setitem__("txn_loop", now()))
+            return future
+
+        FT.FlushThread.write_and_commit = write_and_commit
+
     orig_attempt = S.SqliteMetaStore._attempt
 
-    def attempt(self, fn, immediate, *rest):
+    def attempt(self, fn, *args):
         rec = fn.rec if isinstance(fn, Marked) else None
         t0 = now()
 
@@ -111,7 +157,7 @@ def patch(out_path):
                 rec["txn_fn_end"] = now()
             return r
 
-        r = orig_attempt(self, wrapped, immediate, *rest)
+        r = orig_attempt(self, wrapped, *args)
         if rec is not None:
             rec["txn_thread_start"] = t0
             rec["txn_commit_end"] = now()
@@ -281,33 +327,41 @@ def analyse(path, t_from):
     fl = [
         f
         for f in d["flushes"]
-        if f["start"] > t_from and "txn_loop" in f and len(f.get("put_fsyncs", [])) >= 2
+        if f["start"] > t_from and "txn_loop" in f and "txn_commit_end" in f and f.get("put_fsyncs")
     ]
     rows = {}
 
     weights = {}
 
-    def add(name, v):
-        rows.setdefault(name, []).append(v * 1e3)
+    def add(name, *keys, value=None):
+        if value is None:
+            if not all(k in f for k in keys):
+                return
+            value = f[keys[1]] - f[keys[0]]
+        rows.setdefault(name, []).append(value * 1e3)
         weights.setdefault(name, []).append(f["n"])
 
     for f in fl:
         off = f["loop_offset"]
-        add("wait: oldest submit -> flush start", f["start"] - (f["born_min"] + off))
-        add("wait: mean submit -> flush start", f["start"] - (f["born_mean"] + off))
-        add("hop: flush start -> put thread", f["put_thread_start"] - f["start"])
+        one_job = f["txn_submit"] < f["put_thread_start"]  # the flush thread's job
+        add("wait: oldest submit -> flush start", value=f["start"] - (f["born_min"] + off))
+        add("wait: mean submit -> flush start", value=f["start"] - (f["born_mean"] + off))
+        add("hop: flush start -> write thread", "start", "put_thread_start")
         fs = f["put_fsyncs"]
-        add("put: write+fsync file", fs[0] - f["put_thread_start"])
-        add("put: rename+fsync dir", fs[-1] - fs[0])
-        add("hop: put thread end -> loop", f["put_loop"] - f["put_thread_end"])
-        add("wait: put done -> txn submit (in order)", f["txn_submit"] - f["put_loop"])
-        add("hop: loop -> txn thread", f["txn_thread_start"] - f["txn_submit"])
-        add("txn: fn (python)", f["txn_fn_end"] - f["txn_thread_start"])
-        add("txn: COMMIT (WAL fsync)", f["txn_commit_end"] - f["txn_fn_end"])
-        add("hop: txn thread end -> loop", f["txn_loop"] - f["txn_commit_end"])
-        add("after-commit on loop", f["resolved"] - f["txn_loop"])
-        add("flush total (start -> resolved)", f["resolved"] - f["start"])
-        add("items per flush", f["n"] / 1e3)
+        add("write: data + (fdata)sync", value=fs[0] - f["put_thread_start"])
+        add("write: rename + fsync dir", value=fs[-1] - fs[0])
+        if one_job:
+            add("hop: write thread -> txn thread", "put_thread_end", "txn_thread_start")
+        else:
+            add("hop: put thread end -> loop", "put_thread_end", "put_loop")
+            add("wait: put done -> txn submit (in order)", "put_loop", "txn_submit")
+            add("hop: loop -> txn thread", "txn_submit", "txn_thread_start")
+        add("txn: fn (python)", "txn_thread_start", "txn_fn_end")
+        add("txn: COMMIT (WAL fsync)", "txn_fn_end", "txn_commit_end")
+        add("hop: txn thread end -> loop", "txn_commit_end", "txn_loop")
+        add("after-commit on loop", "txn_loop", "resolved")
+        add("flush total (start -> resolved)", "start", "resolved")
+        add("items per flush", value=f["n"] / 1e3)
     out = {}
     for k, v in rows.items():
         w = weights[k]

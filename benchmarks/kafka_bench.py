@@ -10,10 +10,15 @@ are librdkafka (confluent-kafka), each in a process of its own:
   default) with acks=all, linger.ms=5, for ``--seconds``; MB/s and records/s acknowledged;
 - consume: one consumer reads the 1 KiB topic back from offset 0; MB/s;
 - latency: records at a fixed ``--rate`` (default 20k/s) carry their send time; a consumer
-  reports p50/p99 of receive - send.
+  reports p50/p99 of receive - send;
+- MQTT → Stream latency: an MQTT QoS 1 publisher (``mqtt_loadgen``'s paced one, 100-byte
+  messages, window 256) sends at ``--mqtt-rate`` (default 10k/s) to a topic that a Stream
+  takes (created through the admin API), and a Kafka consumer of that Stream reports p50/p99
+  of receive - send (the durable write, then the long poll's wake-up).
 
-    python benchmarks/kafka_bench.py                    # ~40 s
+    python benchmarks/kafka_bench.py                    # ~50 s
     python benchmarks/kafka_bench.py --seconds 10 --producers 2 --json
+    python benchmarks/kafka_bench.py --sizes '' --rate 0 --mqtt-rate 10000   # MQTT → Stream only
 """
 
 from __future__ import annotations
@@ -70,18 +75,13 @@ async def _serve(data_dir: str, objects: str, meta: str, conn: Any) -> None:
         gossip_port=0,
         admin_token="bench",
         node_id="bench",
-        roles=["kafka", "admin"],
+        roles=["kafka", "mqtt", "admin"],
     )
     broker = Broker(config)
     await broker.start()
-    counts = {"transactions": 0}
-    real = broker.meta.transact
+    from meta_counting import count_transactions
 
-    async def counting(fn: Any) -> Any:
-        counts["transactions"] += 1
-        return await real(fn)
-
-    broker.meta.transact = counting  # type: ignore[method-assign]
+    transactions = count_transactions(broker.meta)
     conn.send({"ports": broker.ports, "flush_interval_s": broker.batcher.flush_interval})
     loop = asyncio.get_running_loop()
     while True:
@@ -91,7 +91,7 @@ async def _serve(data_dir: str, objects: str, meta: str, conn: Any) -> None:
         stats = broker.batcher.stats
         conn.send(
             {
-                "meta_transactions": counts["transactions"],
+                "meta_transactions": transactions[0],
                 "flushes": stats.flushes,
                 "flushed_bytes": stats.bytes,
                 "intent_transactions": stats.intent_transactions,
@@ -242,7 +242,11 @@ def latency_producer(bootstrap: str, topic: str, rate: int, seconds: float, size
     producer.flush(30)
 
 
-def latency_consumer(bootstrap: str, topic: str, seconds: float, ready: Any, results: Any) -> None:
+def latency_consumer(
+    bootstrap: str, topic: str, seconds: float, ready: Any, results: Any, monotonic: bool = False
+) -> None:
+    """Latencies of the records read, from the send time in their first 8 bytes: wall-clock
+    ns (``latency_producer``) or, with ``monotonic``, ``time.monotonic_ns`` (mqtt_loadgen)."""
     from confluent_kafka import Consumer
 
     consumer = Consumer(
@@ -261,13 +265,14 @@ def latency_consumer(bootstrap: str, topic: str, seconds: float, ready: Any, res
         consumer.poll(0.1)
     ready.set()
     latencies: list[float] = []
+    clock = time.monotonic_ns if monotonic else time.time_ns
     deadline = time.perf_counter() + seconds + 10
     while time.perf_counter() < deadline:
         # poll, not consume(n, timeout): the batch call waits for n records or the timeout,
         # which would add up to the timeout to every measured latency.
         m = consumer.poll(0.1)
         if m is not None and m.error() is None:
-            latencies.append((time.time_ns() - _STAMP.unpack_from(m.value())[0]) / 1e6)
+            latencies.append((clock() - _STAMP.unpack_from(m.value())[0]) / 1e6)
     consumer.close()
     results.put(latencies)
 
@@ -353,17 +358,72 @@ def latency_phase(broker: BrokerHandle, args: argparse.Namespace) -> dict[str, A
     producer.join()
     latencies = results.get(timeout=args.latency_seconds + 60)
     consumer.join()
-    latencies.sort()
+    return {"rate_records_s": args.rate, **_latency_summary(latencies, args.rate)}
+
+
+def _latency_summary(latencies: list[float], rate: int) -> dict[str, Any]:
     # The first second is warm-up (connections, metadata); drop it.
-    skip = min(len(latencies) // 10, args.rate)
+    skip = min(len(latencies) // 10, rate)
     body = latencies[skip:] or latencies
+    body.sort()
     q = statistics.quantiles(body, n=100) if len(body) > 1 else [0.0] * 99
     return {
-        "rate_records_s": args.rate,
         "records": len(latencies),
         "e2e_p50_ms": q[49],
         "e2e_p99_ms": q[98],
         "e2e_max_ms": body[-1] if body else 0.0,
+    }
+
+
+def mqtt_stream_latency_phase(broker: BrokerHandle, args: argparse.Namespace) -> dict[str, Any]:
+    """MQTT QoS 1 publishes into a Stream, read back by a Kafka consumer."""
+    import mqtt_loadgen
+
+    stream, topic = "mqtt-latency", "bench/stream"
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{broker.ports['http']}/api/v1/streams",
+        data=json.dumps({"name": stream, "topic_filters": [topic]}).encode(),
+        headers={"Authorization": "Bearer bench", "Content-Type": "application/json"},
+        method="POST",
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    ready = ctx.Event()
+    consumer = ctx.Process(
+        target=latency_consumer,
+        args=(broker.bootstrap, stream, args.latency_seconds, ready, results, True),
+    )
+    consumer.start()
+    ready.wait(60)
+    time.sleep(1.0)
+    spec = mqtt_loadgen.PubSpec(
+        name="pub",
+        port=broker.ports["mqtt"],
+        client_id="bench-stream-pub",
+        topic=topic,
+        msg_size=100,
+        qos=1,
+        duration=args.latency_seconds,
+        rate=args.mqtt_rate,
+    )
+    go, go_time, expected, out = ctx.Event(), ctx.Value("d", 0.0), ctx.Value("q", -1), ctx.Queue()
+    publisher = ctx.Process(target=mqtt_loadgen.publisher, args=(spec, go, go_time, expected, out))
+    publisher.start()
+    assert out.get(timeout=60)[0] == "ready"
+    go_time.value = time.monotonic() + 0.2
+    go.set()
+    _, _, sent = out.get(timeout=args.latency_seconds + 60)
+    publisher.join()
+    latencies = results.get(timeout=args.latency_seconds + 60)
+    consumer.join()
+    if "error" in sent:
+        raise RuntimeError(sent["error"])
+    return {
+        "rate_msgs_s": args.mqtt_rate,
+        "sent_rate_msgs_s": sent["rate"],
+        "acked": sent["acked"],
+        **_latency_summary(latencies, args.mqtt_rate),
     }
 
 
@@ -376,6 +436,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=20_000, help="latency phase records/s")
     parser.add_argument("--latency-seconds", type=float, default=8.0)
     parser.add_argument("--latency-size", type=int, default=100)
+    parser.add_argument(
+        "--mqtt-rate", type=int, default=10_000, help="MQTT → Stream msgs/s (0: skip)"
+    )
     parser.add_argument("--dir", default=None, help="data dir (default: a temp dir)")
     parser.add_argument("--objects", default="", help="object store URL (default: file)")
     parser.add_argument("--meta", default="", help="meta store URL (default: SQLite)")
@@ -402,6 +465,8 @@ def main() -> None:
                 report["consume_1024B"] = consume_phase(broker, args)
             if args.rate > 0:
                 report["latency"] = latency_phase(broker, args)
+            if args.mqtt_rate > 0:
+                report["mqtt_stream_latency"] = mqtt_stream_latency_phase(broker, args)
         finally:
             broker.stop()
     if args.json:

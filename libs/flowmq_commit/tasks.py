@@ -17,7 +17,8 @@ DEFAULT_DELETE_GRACE_MS = 30_000
 
 FaultHook = Callable[[str], None]
 """Called with the name of each crash-relevant step (e.g. ``"flush.after_put"``) just after
-that step; a test raises from it to simulate a crash there."""
+that step; a test raises from it to simulate a crash there.  ``flush.after_put`` is called
+from the batcher's flush thread where it has one (``flush_thread.py``)."""
 
 
 def fault(hook: FaultHook | None, point: str) -> None:

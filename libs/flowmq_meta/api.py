@@ -10,8 +10,9 @@ every backend.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -90,10 +91,23 @@ class Transaction(abc.ABC):
 
 class MetaStore(abc.ABC):
     url: str
+    #: Whether ``transact_from_thread`` is available (a store whose transactions run one at
+    #: a time in a thread of its own).
+    transacts_from_threads = False
 
     @abc.abstractmethod
     async def transact(self, fn: Callable[[Transaction], T]) -> T:
         """Run ``fn`` in a transaction, retrying on conflict; return its result."""
+
+    def transact_from_thread(
+        self, fn: Callable[[Transaction], Any], loop: asyncio.AbstractEventLoop, future: Any
+    ) -> None:
+        """Like ``transact``, callable from any thread: queue ``fn`` now, to run after every
+        transaction queued before it (reruns on conflict included) and before every one
+        queued after it; ``future`` (an ``asyncio.Future`` of ``loop``) is settled on the
+        loop.  A worker thread hands its transaction straight to the store's thread this way,
+        without a hop through the event loop (the group-commit batcher's flush)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot transact from threads")
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -5,7 +5,10 @@ Threading.  sqlite3 calls block, so each store owns ONE worker thread with its o
 (``isolation_level=None``, explicit ``BEGIN``/``COMMIT``); ``transact`` ships ``fn`` to it and
 awaits the result, and the event loop never blocks.  Transactions of one store are therefore
 serialized in that thread and never conflict with each other; conflicts only come from other
-connections (other processes, or other stores on the same file).
+connections (other processes, or other stores on the same file).  ``transact_from_thread``
+queues a transaction from another thread (the batcher's flush thread, right after its object
+write) without a hop through the event loop; it reruns conflicts in the worker thread itself,
+so transactions queued after it never commit before it.
 
 Isolation.  SQLite serializes writers on the WAL write lock, and a transaction that read a
 snapshot older than the latest commit cannot upgrade to a writer (SQLITE_BUSY_SNAPSHOT) —
@@ -156,8 +159,19 @@ class _SqliteTransaction(GuardedTransaction):
         return watch
 
 
+def _settle(future: Any, result: Any, exc: BaseException | None) -> None:
+    if future.done():  # cancelled meanwhile
+        return
+    if exc is None:
+        future.set_result(result)
+    else:
+        future.set_exception(exc)
+
+
 class SqliteMetaStore(MetaStore):
     """Meta store in one SQLite file; see the module docstring for the design."""
+
+    transacts_from_threads = True
 
     def __init__(
         self,
@@ -342,39 +356,89 @@ class SqliteMetaStore(MetaStore):
             self._conn.close()
             self._conn = None
 
+    def _mode(self, attempt: int, deadline: float) -> tuple[bool, float]:
+        """Attempt ``attempt``'s BEGIN mode (True: IMMEDIATE) and how long it may wait in
+        SQLite's busy handler."""
+        if self._closed:
+            raise MetaError(f"meta store {self.url} is closed")
+        immediate = self.begin == "immediate" or (self.begin == "adaptive" and attempt > 0)
+        return immediate, max(0.0, min(self._busy_timeout, deadline - time.monotonic()))
+
+    def _rerun_delay(self, attempt: int, deadline: float, exc: TransactionConflict) -> float:
+        """After conflict number ``attempt``: the pause before the rerun, or
+        ``RetryLimitExceeded`` once the deadline has passed."""
+        self.conflicts += 1
+        if time.monotonic() >= deadline:
+            raise RetryLimitExceeded(
+                f"transaction on {self.path} still conflicting after {attempt} "
+                f"attempts in {self._retry_timeout:g} s: {exc}"
+            ) from exc
+        # After a lost race the IMMEDIATE rerun waits in SQLite's busy handler, so it needs
+        # no sleep of ours; the other modes back off.
+        return 0.0 if self.begin == "adaptive" and attempt == 1 else backoff_delay(attempt)
+
+    def _transact_here(self, fn: Callable[[Transaction], T]) -> tuple[T, Any]:
+        """``transact``'s loop run in the worker thread itself (reruns included, so nothing
+        queued after it can commit first)."""
+        deadline = time.monotonic() + self._retry_timeout
+        attempt = 0
+        while True:
+            immediate, busy_s = self._mode(attempt, deadline)
+            try:
+                return self._attempt(fn, immediate, busy_s)
+            except TransactionConflict as exc:
+                attempt += 1
+                time.sleep(self._rerun_delay(attempt, deadline, exc))
+
     # -- event-loop side --------------------------------------------------------------------
     async def transact(self, fn: Callable[[Transaction], T]) -> T:
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self._retry_timeout
         attempt = 0
         while True:
-            if self._closed:
-                raise MetaError(f"meta store {self.url} is closed")
-            immediate = self.begin == "immediate" or (self.begin == "adaptive" and attempt > 0)
-            busy_s = max(0.0, min(self._busy_timeout, deadline - time.monotonic()))
+            immediate, busy_s = self._mode(attempt, deadline)
             try:
                 result, tr = await loop.run_in_executor(
                     self._executor, self._attempt, fn, immediate, busy_s
                 )
             except TransactionConflict as exc:
                 attempt += 1
-                self.conflicts += 1
-                if time.monotonic() >= deadline:
-                    raise RetryLimitExceeded(
-                        f"transaction on {self.path} still conflicting after {attempt} "
-                        f"attempts in {self._retry_timeout:g} s: {exc}"
-                    ) from exc
-                # After a lost race the IMMEDIATE rerun waits in SQLite's busy handler, so
-                # it needs no sleep of ours; the other modes back off.
-                if not (self.begin == "adaptive" and attempt == 1):
-                    await asyncio.sleep(backoff_delay(attempt))
+                delay = self._rerun_delay(attempt, deadline, exc)
+                if delay:
+                    await asyncio.sleep(delay)
                 continue
-            self._watches.notify_commit(tr.tracker)
-            if tr.watches:
-                for watch in tr.watches:
-                    self._watches.activate(loop, watch, tr.tracker)
-                self._ensure_poller(loop)
+            self._committed(loop, tr)
             return result
+
+    def transact_from_thread(
+        self, fn: Callable[[Transaction], Any], loop: asyncio.AbstractEventLoop, future: Any
+    ) -> None:
+        def run() -> None:
+            try:
+                result, tr = self._transact_here(fn)
+            except BaseException as exc:
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+                return
+            loop.call_soon_threadsafe(self._settle_committed, loop, future, result, tr)
+
+        try:
+            self._executor.submit(run)
+        except RuntimeError as exc:  # shut down
+            loop.call_soon_threadsafe(_settle, future, None, MetaError(f"{self.url}: {exc}"))
+
+    def _settle_committed(
+        self, loop: asyncio.AbstractEventLoop, future: Any, result: Any, tr: Any
+    ) -> None:
+        self._committed(loop, tr)
+        _settle(future, result, None)
+
+    def _committed(self, loop: asyncio.AbstractEventLoop, tr: _SqliteTransaction) -> None:
+        """On the loop after a commit: fire and arm the watches it touched."""
+        self._watches.notify_commit(tr.tracker)
+        if tr.watches:
+            for watch in tr.watches:
+                self._watches.activate(loop, watch, tr.tracker)
+            self._ensure_poller(loop)
 
     def _ensure_poller(self, loop: asyncio.AbstractEventLoop) -> None:
         if len(self._watches) and (self._poller is None or self._poller.done()):

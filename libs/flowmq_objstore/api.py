@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from typing import Protocol
 
 
 class ObjectStoreError(Exception):
@@ -13,8 +14,25 @@ class ObjectNotFound(ObjectStoreError):
     pass
 
 
+class ThreadWriter(Protocol):
+    """Blocking object writes for a worker thread (a backend on local disk): a caller that
+    is in a thread already writes without a hop through the event loop."""
+
+    def write_blocking(self, key: str, data: bytes) -> None:
+        """``put``, blocking the calling thread (never the event loop's)."""
+
+    def reserve_blocking(self, keys: list[str]) -> None:
+        """Make later ``write_blocking`` of ``keys`` cheaper by creating them ahead (the
+        caller holds write intents for them): until written they exist, empty, and are not
+        listed."""
+
+
 class ObjectStore(abc.ABC):
     url: str
+
+    def thread_writer(self) -> ThreadWriter | None:
+        """The blocking writes of this store, or None if it has only the async ones."""
+        return None
 
     @abc.abstractmethod
     async def put(self, key: str, data: bytes) -> None:

@@ -3,6 +3,14 @@
 Acknowledged data must survive a crash (DESIGN.md §1), so ``put`` writes a temp file in the
 target directory, fsyncs it, renames it over the key and fsyncs the directory; newly created
 directories are fsynced into their parents too. Blocking I/O runs in worker threads.
+
+The group-commit batcher's flush thread calls the blocking side directly (``thread_writer``)
+and creates its objects ahead (``reserve_blocking``: empty files whose names are made durable
+a few flushes before they are written, under write intents that GC honours), so that a
+flush's write is one ``write`` + ``fdatasync`` of an already durable name: no temp file, no
+rename, no directory fsync on the path of an acknowledgement.  Only the batcher's objects are
+written this way; no reader looks at one before an index entry points at it, which the
+transaction after the fdatasync writes.
 """
 
 from __future__ import annotations
@@ -73,6 +81,9 @@ class FileObjectStore(ObjectStore):
         self.root = os.path.abspath(os.fspath(root))
         self.url = Path(self.root).as_uri()
         self._on_request = on_request
+        # Keys created empty by ``reserve_blocking`` and not written yet (left out of
+        # ``list``).  Plain set operations, atomic under the GIL: threads share it.
+        self._reserved: set[str] = set()
         self._prepare_root()
 
     @classmethod
@@ -100,12 +111,65 @@ class FileObjectStore(ObjectStore):
 
     async def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
+        self._reserved.discard(key)  # a created-ahead file is replaced whole
         size = 0
         try:
             await asyncio.to_thread(self._put_sync, key, path, data)
             size = len(data)
         finally:
             notify(self._on_request, "put", size)
+
+    def thread_writer(self) -> FileObjectStore:
+        return self
+
+    def write_blocking(self, key: str, data: bytes) -> None:
+        """``put``; for a key made by ``reserve_blocking``, a write and an fdatasync."""
+        path = self._path(key)
+        size = 0
+        try:
+            try:
+                self._reserved.remove(key)
+            except KeyError:
+                self._put_sync(key, path, data)
+            else:
+                self._write_reserved(key, path, data)
+            size = len(data)
+        finally:
+            notify(self._on_request, "put", size)
+
+    def reserve_blocking(self, keys: list[str]) -> None:
+        """Create ``keys`` as empty files and make their names durable (one directory fsync
+        per directory for all of them), so that ``write_blocking`` of each is a write and an
+        fdatasync.  Only under write intents of ``keys``: an empty file left by a crash is
+        then an orphan GC deletes."""
+        parents: dict[str, None] = {}
+        # Listed as reserved before they exist, so ``list`` never shows them empty; a key
+        # is written only after this returned (the same thread calls both).
+        self._reserved.update(keys)
+        try:
+            for key in keys:
+                path = self._path(key)
+                os.close(self._create(path))
+                parents[os.path.dirname(path)] = None
+            for parent in parents:
+                _fsync_dir(parent)
+        except (OSError, ObjectStoreError) as e:
+            self._reserved.difference_update(keys)  # their writes make whole files
+            raise ObjectStoreError(f"creating {keys!r} in {self.url} failed: {e}") from e
+
+    def _write_reserved(self, key: str, path: str, data: bytes) -> None:
+        try:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                # The size is part of what fdatasync makes durable; the name already is.
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise ObjectStoreError(f"put {key!r} to {self.url} failed: {e}") from e
 
     def _ensure_dir(self, d: str) -> None:
         if os.path.isdir(d):
@@ -119,18 +183,23 @@ class FileObjectStore(ObjectStore):
             return
         _fsync_dir(parent)
 
+    def _create(self, path: str) -> int:
+        """A new file at ``path`` (its directories made and made durable), open for writing."""
+        parent = os.path.dirname(path)
+        for attempt in range(_PUT_DIR_RETRIES):
+            self._ensure_dir(parent)
+            try:
+                return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileNotFoundError:
+                if attempt == _PUT_DIR_RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
     def _put_sync(self, key: str, path: str, data: bytes) -> None:
         parent = os.path.dirname(path)
         tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
         try:
-            for attempt in range(_PUT_DIR_RETRIES):
-                self._ensure_dir(parent)
-                try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-                    break
-                except FileNotFoundError:
-                    if attempt == _PUT_DIR_RETRIES - 1:
-                        raise
+            fd = self._create(tmp)
             try:
                 with open(fd, "wb") as f:
                     f.write(data)
@@ -184,6 +253,7 @@ class FileObjectStore(ObjectStore):
             notify(self._on_request, "delete", 0)
 
     def _delete_sync(self, key: str, path: str) -> None:
+        self._reserved.discard(key)
         parent = os.path.dirname(path)
         try:
             os.unlink(path)
@@ -244,7 +314,7 @@ class FileObjectStore(ObjectStore):
                             continue
                         if entry.is_dir(follow_symlinks=False):
                             stack.append((entry.path, f"{key_prefix}{name}/", ""))
-                        else:
+                        elif key_prefix + name not in self._reserved:
                             keys.append(key_prefix + name)
         except OSError as e:
             raise ObjectStoreError(f"list {prefix!r} in {self.url} failed: {e}") from e

@@ -138,30 +138,43 @@ async def test_two_stores_one_file_no_lost_updates(tmp_path, begin: str) -> None
         await b.close()
 
 
+def writing_elsewhere(path, value: int) -> sqlite3.Connection:
+    """Another connection holding the write lock with ``K = value`` written, uncommitted."""
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (K, encode_int(value)))
+    return other
+
+
+class RerunIncrement:
+    """A transaction incrementing ``K`` and returning what it read; ``rerun`` is set once it
+    runs a second time (after a conflict)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.rerun = threading.Event()
+
+    def __call__(self, tr):
+        self.calls += 1
+        if self.calls >= 2:
+            self.rerun.set()
+        value = decode_int(tr.get(K))
+        tr.set(K, encode_int(value + 1))
+        return value
+
+
 async def test_conflict_reruns_fn(tmp_path) -> None:
     """A deferred transaction that read a snapshot cannot write while another connection
     holds the write lock: it is rolled back and rerun until it gets through."""
     path = tmp_path / "c.db"
     store = SqliteMetaStore(str(path), begin="deferred")
     await store.transact(lambda tr: tr.set(K, encode_int(1)))
-    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    other.execute("BEGIN IMMEDIATE")
-    other.execute("INSERT OR REPLACE INTO kv VALUES (?, ?)", (K, encode_int(10)))
-    calls = 0
-    rerun = threading.Event()
-
-    def fn(tr):
-        nonlocal calls
-        calls += 1
-        if calls >= 2:
-            rerun.set()
-        value = decode_int(tr.get(K))
-        tr.set(K, encode_int(value + 1))
-        return value
+    other = writing_elsewhere(path, 10)
+    fn = RerunIncrement()
 
     try:
         task = asyncio.create_task(store.transact(fn))
-        assert await asyncio.to_thread(rerun.wait, WAIT)
+        assert await asyncio.to_thread(fn.rerun.wait, WAIT)
         other.execute("COMMIT")
         assert await asyncio.wait_for(task, WAIT) == 10  # saw the other commit: no lost update
         assert decode_int(await store.get(K)) == 11
@@ -227,3 +240,28 @@ async def test_closed_store(tmp_path) -> None:
     with pytest.raises(MetaError, match="closed"):
         await store.transact(lambda tr: tr.get(K))
     await store.close()  # idempotent
+
+
+async def test_a_transaction_queued_from_a_thread_reruns_before_the_next_one(tmp_path) -> None:
+    """``transact_from_thread`` (the batcher's flush thread): a conflict reruns in the store's
+    thread, so a transaction queued after it sees its commit."""
+    path = tmp_path / "q.db"
+    store = SqliteMetaStore(str(path), begin="deferred")
+    loop = asyncio.get_running_loop()
+    await store.transact(lambda tr: tr.set(K, encode_int(1)))
+    other = writing_elsewhere(path, 10)
+    first = RerunIncrement()
+    futures = [loop.create_future(), loop.create_future()]
+
+    def queue_both() -> None:
+        store.transact_from_thread(first, loop, futures[0])
+        store.transact_from_thread(lambda tr: decode_int(tr.get(K)), loop, futures[1])
+
+    try:
+        await asyncio.to_thread(queue_both)
+        assert await asyncio.to_thread(first.rerun.wait, WAIT)
+        other.execute("COMMIT")
+        assert await asyncio.wait_for(asyncio.gather(*futures), WAIT) == [10, 11]
+    finally:
+        other.close()
+        await store.close()

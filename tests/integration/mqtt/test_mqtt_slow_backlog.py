@@ -43,16 +43,15 @@ def s3_broker(tmp_path, slow_store, s3_client) -> Iterator[BrokerProcess]:  # no
     yield from broker_with(tmp_path / "data", "--objects", url)
 
 
-@pytest.mark.parametrize("v5", [False, True], ids=["3.1.1", "5"])
 def test_a_session_with_a_backlog_slow_to_read_gets_connected_and_all_of_it(
-    s3_broker, slow_store, v5
+    s3_broker, slow_store
 ) -> None:
+    # 3.1.1, as the chaos run's stuck subscriber (v5 takes the same path).
     port = s3_broker.ports["mqtt"]
-    expiry = {"SessionExpiryInterval": 3600} if v5 else None
-    subscriber = Paho(port, "slow-backlog", v5=v5, clean=False, keepalive=KEEP_ALIVE_S)
+    subscriber = Paho(port, "slow-backlog", v5=False, clean=False, keepalive=KEEP_ALIVE_S)
     publisher = Paho(port, "slow-backlog-pub")
     try:
-        subscriber.connect(properties=expiry)
+        subscriber.connect()
         assert subscriber.subscribe("backlog/#", 1) == [1]
         subscriber.close()
         publisher.connect()
@@ -60,7 +59,7 @@ def test_a_session_with_a_backlog_slow_to_read_gets_connected_and_all_of_it(
             assert publisher.publish(f"backlog/{i}", str(i), 1) == 0
         slow_store.get_delay = GET_DELAY_S
         # paho gives up on a CONNACK that does not come within its keep alive.
-        session_present, _, _ = subscriber.connect(properties=expiry)
+        session_present, _, _ = subscriber.connect()
         assert session_present
         got = {m.payload.decode() for m in subscriber.expect(STORED, timeout=90)}
         assert got == {str(i) for i in range(STORED)}

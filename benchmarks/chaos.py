@@ -86,6 +86,9 @@ MQTT_WINDOW = 10
 # Rough pacing: the point is faults under steady load, not throughput.
 KAFKA_RATE = 200.0
 MQTT_RATE = 50.0
+# Where the nodes' fixed ports are picked: below Linux's ephemeral range (32768-60999).
+FIXED_PORTS = (20000, 32768)
+_PORTS = random.Random()  # not the fault schedule's generator: ports do not follow --seed
 quiet = logging.getLogger("chaos.clients")
 quiet.addHandler(logging.NullHandler())
 quiet.propagate = False
@@ -93,13 +96,14 @@ quiet.setLevel(logging.CRITICAL + 1)  # the clients' connection errors are expec
 
 
 def _free_port() -> int:
-    """A port free for TCP and UDP (gossip uses both)."""
+    """A port free for TCP and UDP (gossip uses both), below the kernel's ephemeral range: a
+    node restarted after a kill binds its ports again, and one from that range may have been
+    taken meanwhile as the local end of some outgoing connection (``Address already in use``)."""
     while True:
-        with socket.socket() as tcp:
-            tcp.bind(("127.0.0.1", 0))
-            port = tcp.getsockname()[1]
+        port = _PORTS.randrange(*FIXED_PORTS)
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                tcp.bind(("127.0.0.1", port))
                 udp.bind(("127.0.0.1", port))
         except OSError:
             continue
@@ -890,8 +894,6 @@ def run(
         consumers_stop.set()
         for worker in [*subscribers, *consumers]:
             worker.join(15)
-        if workdir is not None:
-            (root / "brokers.log").write_text(cluster.output())
         report = check(
             cluster,
             kafka,
@@ -914,6 +916,8 @@ def run(
     finally:
         cluster.stop()
         store.close()
+        if workdir is not None:  # also when the run failed: what the brokers said
+            (root / "brokers.log").write_text(cluster.output())
         if workdir is None:
             shutil.rmtree(root, ignore_errors=True)
 

@@ -15,7 +15,7 @@ import functools
 import itertools
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import flowmq_metrics as metrics
@@ -246,12 +246,22 @@ class QueueEngine:
         ):
             pass
 
-    async def peek(self, ns: str, queue: str, limit: int) -> list[tuple[int, int, Message]]:
+    async def peek(
+        self,
+        ns: str,
+        queue: str,
+        limit: int,
+        *,
+        skip: Collection[int] = (),
+        max_objects: int | None = None,
+    ) -> list[tuple[int, int, Message]]:
         """Read only: ``(seq, attempt, message)`` of up to ``limit`` of the oldest ready
-        messages, left where they are (an operator's look; consumers are not disturbed)."""
+        messages, left where they are (an operator's look; consumers are not disturbed).
+        ``skip``: seqs the reader has already (their bodies are not read); ``max_objects``:
+        a bound on the objects read (one ranged GET each), for a backlog read a page at a time."""
         opts = self.parts.options(ns, queue) or QueueOptions()
         runs = await self.parts.meta.transact(
-            lambda tr: index.peek_ready(tr, ns, queue, opts.shards, limit)
+            lambda tr: index.peek_ready(tr, ns, queue, opts.shards, limit, skip, max_objects)
         )
         # A queue's messages are spread over many objects (one per flush that had some):
         # their GETs go out a few at a time, not one after another (a session's backlog

@@ -11,7 +11,7 @@ touches many entries of one object adjusts its count once.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -491,14 +491,29 @@ def reap(
     return moved, to_publish
 
 
-def peek_ready(tr: Transaction, ns: str, queue: str, shards: int, limit: int) -> list[Run]:
-    """Read only: the oldest ready messages (up to ``limit``, as runs in seq order), for an
-    operator's look at a queue; nothing is claimed, leased or counted."""
+def peek_ready(
+    tr: Transaction,
+    ns: str,
+    queue: str,
+    shards: int,
+    limit: int,
+    skip: Collection[int] = (),
+    max_runs: int | None = None,
+) -> list[Run]:
+    """Read only: the oldest ready messages (up to ``limit``, as runs in seq order, at most
+    ``max_runs`` of them), leaving out the seqs in ``skip`` (what the reader has already), for
+    an operator's look at a queue; nothing is claimed, leased or counted."""
     out: list[Run] = []
     left = limit
     for _, _, run in _oldest_ready(tr, ns, queue, shards):
-        if left <= 0:
+        if left <= 0 or (max_runs is not None and len(out) >= max_runs):
             break
+        if skip:
+            wanted = [i for i, seq in enumerate(run.seqs) if seq not in skip]
+            if not wanted:
+                continue
+            if len(wanted) < len(run):
+                run = run.pick(wanted)
         part = run.slice(0, min(left, len(run)))
         out.append(part)
         left -= len(part)

@@ -71,6 +71,10 @@ SHARE_PREFIX = "$share/"
 # How long a restarted node keeps its previous process's routes while its adapters restore
 # the persistent sessions they were for.
 RESTORE_GRACE_S = 10.0
+# A dead node whose sessions were not adopted (a record named another process of it, one we
+# did not know of) is looked at again after this long: if it is still gone, that process is
+# gone too, and its sessions are adopted (until then its routes stay, refusing).
+ADOPT_RETRY_S = 5.0
 
 
 class _Fenced(Exception):
@@ -307,6 +311,10 @@ class ClusterRouting:
             held = [await adopt(node, process) for adopt in self.on_node_dead]
             if False in held:  # a process of it holds sessions: not gone, its routes stay
                 log.info("node %s still holds sessions (another process of it): kept", node)
+                if process is not None:  # looked at again, for any process of it
+                    asyncio.get_running_loop().call_later(
+                        ADOPT_RETRY_S, self._retry_clear_dead, node, token
+                    )
                 return
             routed = self.routes_published()
             if routed is not None:
@@ -316,6 +324,14 @@ class ClusterRouting:
                 self._forget_dead(node)
         except Exception:
             log.exception("could not take over from dead node %s", node)
+
+    def _retry_clear_dead(self, node: str, token: str | None) -> None:
+        """``_clear_dead`` again for a node whose sessions another process of it held, any
+        process of it now: still gone after ``ADOPT_RETRY_S``, that one is gone too (its
+        clients' messages were refused meanwhile, until the node came back or a client
+        reconnected elsewhere)."""
+        if node not in self._live and min([self.node_id, *self._live]) == self.node_id:
+            asyncio.get_running_loop().create_task(self._clear_dead(node, token, None))
 
     async def _still_gone(self, node: str, token: str | None) -> bool:
         """False if ``node`` has written routes of a start other than ``token`` since."""

@@ -22,6 +22,7 @@ from flowmq_broker import lingering
 from flowmq_broker.mqtt.delivery import WRITE_HIGH_WATER, RoutePlan, message_from
 from flowmq_broker.mqtt.host import ConnectionHost
 from flowmq_broker.mqtt.metrics import mqtt_metrics
+from flowmq_broker.mqtt.offline import TAKE_BUDGET_S
 from flowmq_broker.mqtt.session import NEVER_EXPIRES, Outgoing, Session, Subscription
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.acl import Access
@@ -66,8 +67,6 @@ SERVER_TOPIC_ALIAS_MAXIMUM = 64
 CONNECT_TIMEOUT_S = 30.0
 # Topics one connection remembers as checked (_checked_topics) before starting over.
 MAX_CHECKED_TOPICS = 1000
-# Reads of a resumed session's stored messages before CONNACK (see ``_take_session``).
-MAX_TAKE_ROUNDS = 3
 # Default bound on packets read while CONNECT waits (config ``mqtt_max_held_packets``): reading
 # stops during the wait, so this bounds what the reads already made can hold.
 DEFAULT_MAX_HELD_PACKETS = 1000
@@ -712,14 +711,13 @@ class MqttConnection(asyncio.Protocol):
                 if routed is not None:
                     await routed
             session = server.sessions.get(key)
-            # Messages stored while we take are taken by the next round, a few rounds at
-            # most: under steady traffic each round (a read of the whole stored backlog)
-            # finds as many new ones as the last, and CONNACK would never go out.  What is
-            # stored after the last round is sent once the session is idle (offline.py).
-            for _ in range(MAX_TAKE_ROUNDS):
-                if p.clean_start or session is None or not session.stored or server.offline is None:
-                    break
-                session.queue.extend(await server.offline.take(session))
+            offline = server.offline
+            if not p.clean_start and session is not None and session.stored and offline is not None:
+                # Read for a bounded time, well within the client's keep alive (it gives up
+                # on a CONNACK that takes longer): the rest, and what is stored meanwhile, is
+                # sent once the session is idle (offline.py).
+                budget = min(TAKE_BUDGET_S, p.keep_alive / 2) if p.keep_alive else TAKE_BUDGET_S
+                session.queue.extend(await offline.take(session, budget))
         except Exception:
             log.exception("mqtt %s: could not take the session over", self.client_id)
 

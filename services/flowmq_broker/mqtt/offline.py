@@ -43,7 +43,19 @@ log = logging.getLogger(__name__)
 SUBSCRIPTION_IDS = "mqtt.subscription_ids"
 # In the delivery extras of a message taken from the store: its seq there (``release``).
 STORED_SEQ = "stored_seq"
+# A page of a session's stored backlog must come back within this (its GETs, a few at once).
 TAKE_TIMEOUT_S = 5.0
+# A reconnect reads the stored backlog before CONNACK for at most this long: a backlog that
+# takes longer to read (a large one, a slow store) is sent after CONNACK, a page at a time
+# (``_purge_if_all_held``).  A client gives up on a CONNACK that takes its keep alive (paho
+# then reconnects): when every read of the whole backlog took longer, the client never got
+# connected again and nothing stored reached it.
+TAKE_BUDGET_S = 2.0
+# One page of the backlog: at most this many messages, from at most this many objects (a
+# ranged GET each, ``PEEK_CONCURRENCY`` at a time).  What a page read is kept even if a later
+# one fails or time runs out: every read makes progress.
+PAGE_MESSAGES = 1000
+PAGE_OBJECTS = 32
 # How often the copies of connected sessions with nothing in flight are dropped.
 TRIM_INTERVAL_S = 1.0
 # How soon a session that was not idle is looked at again.
@@ -195,50 +207,89 @@ class OfflineStore:
             done.set_result(None)
         # Also what was stored while its connect was not attached yet (``session.stored``,
         # after the connect's last take): nothing else takes it while the client is here.
+        # One page per look: a long backlog goes out over several, each read kept.
         session.stored = False
         try:
-            rows = await asyncio.wait_for(
-                self.engine.peek(namespace, name, MAX_TAKEN), TAKE_TIMEOUT_S
-            )
+            page = await self._read_page(session, held, TAKE_TIMEOUT_S)
         except BaseException:
             session.stored = True  # taken at the next connect if not sent before
             raise
         connection = session.connection
-        if connection is None:
+        if connection is None or self.send is None:
+            held.difference_update(seq for seq, _ in page)
             session.stored = True
-        for seq, _, message in rows:
-            if seq not in held and connection is not None and self.send is not None:
+        else:
+            for _, message in page:
                 message, qos, retain, extra = _queued_item(message)
                 self.send(connection, message, qos, retain, extra["subscription_identifier"])
-                held.add(seq)
         self._held[session] = held
         return False
 
-    async def take(self, session: Session) -> list[QueuedItem]:
-        """What is stored for ``session`` and not taken before, oldest first.  It stays
-        stored until the client acknowledged it (the session is idle: ``_trim``), so a node
-        that dies meanwhile does not take it along."""
-        if session.pending_stores:
-            await asyncio.wait(list(session.pending_stores), timeout=TAKE_TIMEOUT_S)
-        session.stored = False
-        name = session_queue_name(session.client_id)
-        # A store that does not answer (an outage) fails the take; what is stored is then
-        # sent once the session is idle (``_purge_if_all_held``) or at the next connect.
+    async def _read_page(
+        self, session: Session, held: set[int], timeout: float
+    ) -> list[tuple[int, Message]]:
+        """The next page of what is stored for ``session`` and not in ``held`` (its seqs are
+        added to it), oldest first; empty once all is held."""
         rows = await asyncio.wait_for(
-            self.engine.peek(session.namespace, name, MAX_TAKEN), TAKE_TIMEOUT_S
+            self.engine.peek(
+                session.namespace,
+                session_queue_name(session.client_id),
+                PAGE_MESSAGES,
+                skip=held,
+                max_objects=PAGE_OBJECTS,
+            ),
+            timeout,
         )
-        if len(rows) >= MAX_TAKEN:
-            log.warning(
-                "mqtt %s: %d stored messages taken, more left", session.client_id, MAX_TAKEN
-            )
-            session.stored = True
-        held = self._held.setdefault(session, set())
         fresh = [(seq, message) for seq, _, message in rows if seq not in held]
         held.update(seq for seq, _ in fresh)
-        # Looked at again once idle, even if nothing was here: a store still on its way
-        # (from the node the session came from) is sent then (``_purge_if_all_held``).
-        self._watch(session, self._copies.get(session, 0))
-        return [_queued_item(message, seq) for seq, message in fresh]
+        return fresh
+
+    async def take(self, session: Session, budget_s: float = TAKE_BUDGET_S) -> list[QueuedItem]:
+        """What is stored for ``session`` and not taken before, oldest first, as far as it
+        can be read in ``budget_s`` (the rest: ``session.stored`` stays set, and it is sent
+        once the session is idle, ``_purge_if_all_held``).  It stays stored until the client
+        acknowledged it (the session is idle: ``_trim``), so a node that dies meanwhile does
+        not take it along."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + budget_s
+        if session.pending_stores:
+            await asyncio.wait(list(session.pending_stores), timeout=budget_s)
+        session.stored = False
+        held = self._held.setdefault(session, set())
+        taken: list[tuple[int, Message]] = []
+        try:
+            while len(taken) < MAX_TAKEN:
+                left = deadline - loop.time()
+                if left <= 0:
+                    session.stored = True
+                    break
+                page = await self._read_page(session, held, left)
+                taken.extend(page)
+                # Fewer messages than a page has objects: neither bound was reached, this
+                # was the end.  What was stored since (under steady traffic there is always
+                # more) is sent once the session is idle, as it is after CONNACK.
+                if len(page) < PAGE_OBJECTS:
+                    break
+            else:
+                log.warning(
+                    "mqtt %s: %d stored messages taken, more left", session.client_id, len(taken)
+                )
+                session.stored = True
+        except Exception as exc:  # out of time, or an outage: what was read is kept
+            session.stored = True
+            if not taken and not isinstance(exc, TimeoutError):
+                raise
+            log.info(
+                "mqtt %s: %d stored messages taken, the rest after CONNACK (%s)",
+                session.client_id,
+                len(taken),
+                type(exc).__name__,
+            )
+        finally:
+            # Looked at again once idle, even if nothing was here: a store still on its way
+            # (from the node the session came from) is sent then (``_purge_if_all_held``).
+            self._watch(session, self._copies.get(session, 0))
+        return [_queued_item(message, seq) for seq, message in taken]
 
     def release(self, session: Session) -> int:
         """``session`` went offline: the messages it took from the store and has not sent

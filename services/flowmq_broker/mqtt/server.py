@@ -379,12 +379,15 @@ class MqttServer:
                 adopted.append((session, owner))
             restored += 1
         for session, owner in adopted:  # the records are ours now, unless taken meanwhile
-            if not await self.save_session(session, taking_from=owner, taking_process=dead_process):
+            holder = await self._store_record(
+                session, taking_from=owner, taking_process=dead_process
+            )
+            if holder is not None:
                 log.info(
                     "mqtt %s: not adopted: its node restarted, or another took it",
                     session.client_id,
                 )
-                if dead is not None and not await self._named_elsewhere(session, dead):
+                if dead is not None and holder == dead:  # another process of it holds it
                     self._kept_by[dead] = self._kept_by.get(dead, 0) + 1
                 if self.sessions.get((session.namespace, session.client_id)) is session:
                     self.discard_session(session, forget=False, redistribute=False)
@@ -407,12 +410,6 @@ class MqttServer:
         self._kept_by.pop(dead, None)
         await self.restore_sessions(dead, dead_process)
         return not self._kept_by.pop(dead, 0)
-
-    async def _named_elsewhere(self, session: Session, dead: str) -> bool:
-        """Whether ``session``'s record names a node other than ``dead`` (or is gone)."""
-        key = keys.SESSIONS.pack(session.namespace, session.client_id)
-        raw = await self.meta.transact(lambda tr: tr.get(key))
-        return raw is None or json.loads(raw).get("node") != dead
 
     def install_session(self, session: Session) -> None:
         """Make an offline session (restored or taken over) live here: bound, expiring."""
@@ -596,11 +593,25 @@ class MqttServer:
         (False).  Taking a session over, ``taking_from`` names the owner the record must still
         have (``ANY_OWNER``: a takeover the holder agreed to) and ``taking_process``, if
         known, the process of it that died (a record its restarted process marked stays)."""
+        found = await self._store_record(
+            session, taking_from=taking_from, taking_process=taking_process
+        )
+        return found is None
+
+    async def _store_record(
+        self,
+        session: Session,
+        *,
+        taking_from: str | None = None,
+        taking_process: str | None = None,
+    ) -> str | None:
+        """``save_session``'s write: None if stored, else the node the record names (it
+        holds the session), read in the same transaction."""
         key = keys.SESSIONS.pack(session.namespace, session.client_id)
         me = self.node_id
         value = json.dumps({**session.to_record(), "node": me, "process": self.process}).encode()
 
-        def store(tr: Any) -> bool:
+        def store(tr: Any) -> str | None:
             raw = tr.get(key)
             if raw is not None and taking_from != ANY_OWNER:
                 record = json.loads(raw)
@@ -608,9 +619,9 @@ class MqttServer:
                 # a record of the process that died (not of its restart), when we know it
                 of_dead = taking_process is None or record.get("process") in (None, taking_process)
                 if owner != me and (owner != taking_from or not of_dead):
-                    return False
+                    return str(owner)
             tr.set(key, value)
-            return True
+            return None
 
         return await self.meta.transact(store)
 

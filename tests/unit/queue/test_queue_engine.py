@@ -266,6 +266,18 @@ async def test_purge_seqs_drops_only_the_messages_named(env) -> None:
     assert (await env.engine.stats("default", "q"))["count"] == 1
 
 
+async def test_peek_skips_what_the_reader_has_and_reads_at_most_max_objects(env) -> None:
+    # An MQTT session's stored backlog is read a page at a time (offline.py): a page reads
+    # a bounded number of objects, and the next leaves out what the earlier ones read.
+    env.queue("q", shards=1)
+    seqs = [(await env.publish("q", f"m{i}".encode()))[0].seq for i in range(5)]  # an object each
+    page = await env.engine.peek("default", "q", 10, max_objects=2)
+    assert [(seq, m.payload) for seq, _, m in page] == [(seqs[0], b"m0"), (seqs[1], b"m1")]
+    page = await env.engine.peek("default", "q", 10, skip={seqs[0], seqs[2]}, max_objects=2)
+    assert [seq for seq, _, _ in page] == [seqs[1], seqs[3]]
+    assert [seq for seq, _, _ in await env.engine.peek("default", "q", 10, skip=set(seqs))] == []
+
+
 async def test_closed_consumer_messages_go_to_another(env) -> None:
     env.queue("q")
     await env.publish("q", b"a", b"b")

@@ -124,7 +124,7 @@ class BrokerConfig:
     # message, a persistent MQTT session's copy of a message) waiting for their flush to
     # commit: each costs about a kilobyte while it waits, however small (an MQTT message
     # fanned out to offline sessions is one per session). Resumed below half. 0: not counted.
-    pending_writes_high_water_chunks: int = 10_000
+    pending_writes_high_water_chunks: int = 4096
     # The process's resident memory, bytes, past which publishers are paused the same way
     # (checked every second; resumed below 90 % of it). 0: no limit.
     memory_limit: int = 0

@@ -89,3 +89,29 @@ def test_a_will_fanned_out_to_offline_sessions_starts_no_task_per_store(inproc_b
     assert back.connect(away[-1], clean_start=False, properties=AWAY).session_present
     assert back.expect(Publish).payload == b"bye"  # stored all the same
     back.close()
+
+
+def test_a_stored_message_goes_out_with_its_subscription_identifier(inproc_broker, uid):
+    """Taken from the store, a message is queued as read unless it carries identifiers:
+    those it goes out with, and no other."""
+    port = inproc_broker.ports["mqtt"]
+    topic = f"ids/{uid}"
+    clients = {f"ids-{uid}": 7, f"plain-{uid}": None}
+    for client_id, sub_id in clients.items():
+        sub = RawClient(port, 5)
+        sub.connect(client_id, clean_start=False, properties=AWAY)
+        sub.subscribe((topic, SubscriptionOptions(qos=1)), sub_id=sub_id)
+        sub.disconnect()
+    wait_until(lambda: not any(_session(inproc_broker, c).online for c in clients))
+    publisher = RawClient(port, 5)
+    publisher.connect(f"pub-{uid}")
+    assert publisher.publish(topic, b"kept", 1).reason_code == 0
+    publisher.close()
+    for client_id, sub_id in clients.items():
+        back = RawClient(port, 5)
+        assert back.connect(client_id, clean_start=False, properties=AWAY).session_present
+        got = back.expect(Publish)
+        assert got.payload == b"kept"
+        assert got.properties.get("subscription_identifier") == ([sub_id] if sub_id else None)
+        back.send(Puback(got.packet_id))
+        back.close()

@@ -6,14 +6,13 @@ read took the chunks waiting past the mark many times over: the MQTT fuzz run's 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 
 import pytest
 
 from flowmq_wire.mqtt.packets import Puback, Publish, SubscriptionOptions
 from tests.fixtures.brokers import logged_errors
-from tests.fixtures.counting import CountingObjectStore
+from tests.fixtures.counting import hold_puts
 from tests.fixtures.inprocess import broker_config
 from tests.fixtures.threaded_broker import ThreadedBroker
 
@@ -40,19 +39,6 @@ def marked_broker(tmp_path, caplog) -> Iterator[ThreadedBroker]:
     assert not errors, errors
 
 
-def _hold_puts(tb: ThreadedBroker) -> CountingObjectStore:
-    """From now on the batcher's object PUTs wait for the returned store's ``put_gate``."""
-
-    def hold() -> CountingObjectStore:
-        batcher = tb.broker.batcher
-        gated = CountingObjectStore(batcher.objects)
-        gated.put_gate = asyncio.Event()
-        batcher.objects = gated
-        return gated
-
-    return tb.call(hold)
-
-
 def test_a_read_of_publishes_to_offline_sessions_stops_at_the_chunk_mark(marked_broker, uid):
     tb = marked_broker
     port = tb.ports["mqtt"]
@@ -65,7 +51,7 @@ def test_a_read_of_publishes_to_offline_sessions_stops_at_the_chunk_mark(marked_
         sub.disconnect()
     sessions = tb.broker.mqtt.sessions
     wait_until(lambda: tb.call(lambda: not any(sessions[("default", c)].online for c in away)))
-    gated = _hold_puts(tb)
+    gated = tb.call(lambda: hold_puts(tb.broker.batcher))
     publisher = RawClient(port, 5)
     publisher.connect(f"pub-{uid}")
     publisher.send(*(Publish(topic, b"m%d" % i, 1, packet_id=i + 1) for i in range(PUBLISHES)))

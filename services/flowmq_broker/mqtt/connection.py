@@ -692,6 +692,7 @@ class MqttConnection(asyncio.Protocol):
             await self._take_session(p)
             held, self._held = self._held or [], None
             if self.closing:
+                self._release_taken(key)
                 return
             if self.transport is not None and not self.delivery.is_paused(self):
                 self.transport.resume_reading()
@@ -700,6 +701,17 @@ class MqttConnection(asyncio.Protocol):
             self.delivery.flush_dirty()
         finally:
             server.end_connect_turn(key, turn)
+
+    def _release_taken(self, key: tuple[str, str]) -> None:
+        """The client left while its session's stored messages were being taken: the
+        session stays offline, so what was taken goes back to the store alone, as at any
+        disconnect (``OfflineStore.release``).  Left in its queue it stayed in memory until
+        the client id came back (fuzzed clients that gave up during a take left up to a
+        thousand messages each)."""
+        server = self.server
+        session = server.sessions.get(key)
+        if session is not None and session.connection is None and server.offline is not None:
+            server.offline.release(session)
 
     async def _take_session(self, p: Connect) -> None:
         """Make the session of a CONNECT current here.  Without clean start it may be on

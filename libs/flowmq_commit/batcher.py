@@ -49,11 +49,15 @@ store's timeouts, so every protocol refuses durable writes fast (MQTT 0x80, Kafk
 ``KAFKA_STORAGE_ERROR``, AMQP nack, HTTP 503); after the window the next flush probes the
 store, and the first one that commits ends the outage.
 
-Backpressure (DESIGN.md §13): when the bytes waiting for a flush pass ``high_water`` the
-batcher is *under pressure* and tells its ``pressure_listeners`` (``listener(True)``); once a
-flush takes them below ``low_water`` it tells them ``listener(False)``.  The listeners pause
-and resume the publishers; the batcher itself never refuses a chunk for it.  Cost: one
-comparison per submit.
+Backpressure (DESIGN.md §13): when the bytes waiting for a flush pass ``high_water``, or
+the chunks not yet committed (waiting or in a flush) pass ``high_water_chunks``, the batcher
+is *under pressure* and tells its ``pressure_listeners`` (``listener(True)``); once the bytes
+are below ``low_water`` and the chunks below half their mark it tells them
+``listener(False)``.  The listeners pause and resume the publishers; the batcher itself never
+refuses a chunk for it.  The chunk count is there for small chunks: each costs its submitter
+about a kilobyte while it waits (its future, the callbacks on it, the body, the chunk's
+record: an MQTT message fanned out to offline sessions is one chunk per session), which the
+bytes do not show.  Cost: two comparisons per submit.
 """
 
 from __future__ import annotations
@@ -135,6 +139,9 @@ MAX_CHECKED_GROUPS = 100_000
 # Pending bytes past which publishers are paused (config ``pending_writes_high_water``);
 # they resume below half of it.
 DEFAULT_HIGH_WATER = 64 * 1024 * 1024
+# Chunks not yet committed past which publishers are paused too (config
+# ``pending_writes_high_water_chunks``); they resume below half of it.
+DEFAULT_HIGH_WATER_CHUNKS = 4096
 # Pauses less than this many seconds apart are logged as one (one line when the first
 # starts, one when the last has been over this long), so a flapping backlog cannot flood
 # the log.
@@ -227,6 +234,7 @@ class GroupCommitBatcher:
         outage_retry_max_s: float = DEFAULT_OUTAGE_RETRY_MAX_S,
         high_water: int = DEFAULT_HIGH_WATER,
         low_water: int | None = None,
+        high_water_chunks: int = DEFAULT_HIGH_WATER_CHUNKS,
     ) -> None:
         if size_threshold <= 0:
             raise ValueError("size_threshold must be positive")
@@ -287,13 +295,19 @@ class GroupCommitBatcher:
         self._outage_since = 0.0
         self._refuse_until = 0.0
         self._retry_s = outage_retry_s
-        # Backpressure: ``high_water`` 0 turns it off.  ``_pressure_mark`` is what submit
-        # compares against: the high-water mark, or infinity while under pressure.
+        # Backpressure: ``high_water`` 0 turns it off, ``high_water_chunks`` 0 its chunk
+        # count.  ``_pressure_mark`` and ``_chunks_mark`` are what submit compares against:
+        # the high-water marks, or infinity while under pressure.  ``_unsettled``: chunks
+        # submitted and not yet committed or failed (waiting, or in a flush in flight).
         self.high_water = high_water
         self.low_water = high_water // 2 if low_water is None else low_water
+        self.high_water_chunks = high_water_chunks
+        self.low_water_chunks = high_water_chunks // 2
         self.under_pressure = False
         self.pressure_listeners: list[Callable[[bool], None]] = []
         self._pressure_mark: float = high_water or float("inf")
+        self._chunks_mark: float = high_water_chunks or float("inf")
+        self._unsettled = 0
         self.pressure_log_quiet_s = PRESSURE_LOG_QUIET_S
         # The pauses logged as one: when the first started, when the last ended, how many,
         # for how long in all; ``_pressure_timer`` logs their end once quiet.
@@ -331,7 +345,8 @@ class GroupCommitBatcher:
             return future
         self._pending.append(_Item(group, data, commit, ctx, future, loop.time()))
         self._pending_bytes += len(data)
-        if self._pending_bytes > self._pressure_mark:
+        self._unsettled += 1
+        if self._pending_bytes > self._pressure_mark or self._unsettled > self._chunks_mark:
             self._set_pressure(True)
         wakeup = self._wakeup
         if (
@@ -345,6 +360,11 @@ class GroupCommitBatcher:
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
+
+    @property
+    def unsettled_chunks(self) -> int:
+        """Chunks submitted and not yet committed or failed."""
+        return self._unsettled
 
     @property
     def prompt(self) -> bool:
@@ -381,10 +401,20 @@ class GroupCommitBatcher:
         self._refuse_until = now + self._retry_s
         return outage
 
+    def _ease_pressure(self) -> None:
+        """Leave pressure if both the bytes waiting and the chunks unsettled are low."""
+        if (
+            self.under_pressure
+            and self._pending_bytes <= self.low_water
+            and self._unsettled <= self.low_water_chunks
+        ):
+            self._set_pressure(False)
+
     def _set_pressure(self, on: bool) -> None:
         """Enter or leave pressure, tell the listeners, log it (see ``_log_pressure_end``)."""
         self.under_pressure = on
-        self._pressure_mark = float("inf") if on else self.high_water
+        self._pressure_mark = float("inf") if on else self.high_water or float("inf")
+        self._chunks_mark = float("inf") if on else self.high_water_chunks or float("inf")
         loop = asyncio.get_running_loop()
         now = loop.time()
         if on:
@@ -394,10 +424,15 @@ class GroupCommitBatcher:
                 self._pressure_log_open = True
                 self._pressure_first = now
                 log.info(
-                    "durable writes waiting passed %d bytes (pending_writes_high_water): "
-                    "publishers paused until below %d",
+                    "durable writes waiting passed %d bytes (pending_writes_high_water) or "
+                    "%d chunks (pending_writes_high_water_chunks): %d bytes, %d chunks; "
+                    "publishers paused until below %d and %d",
                     self.high_water,
+                    self.high_water_chunks,
+                    self._pending_bytes,
+                    self._unsettled,
                     self.low_water,
+                    self.low_water_chunks,
                 )
         else:
             self._pressure_ended = now
@@ -425,9 +460,10 @@ class GroupCommitBatcher:
             )
             return
         log.info(
-            "durable writes waiting below %d bytes: publishers resumed (pauses: %d, "
-            "%.1f s in all, over %.1f s)",
+            "durable writes waiting below %d bytes and %d chunks: publishers resumed "
+            "(pauses: %d, %.1f s in all, over %.1f s)",
             self.low_water,
+            self.low_water_chunks,
             self._pressure_count,
             self._pressure_total,
             self._pressure_ended - self._pressure_first,
@@ -567,6 +603,8 @@ class GroupCommitBatcher:
             log.exception("kas3 flush failed unexpectedly")
             _fail(items, exc)
         finally:
+            self._unsettled -= len(items)  # committed or failed, every one
+            self._ease_pressure()
             self._put_done()
             done.set_result(None)
             # Out of the flights before waking the loop, which counts them (the task's own
@@ -604,8 +642,7 @@ class GroupCommitBatcher:
             items.append(item)
             size += len(item.data)
         self._pending_bytes -= size
-        if self.under_pressure and self._pending_bytes <= self.low_water:
-            self._set_pressure(False)
+        self._ease_pressure()
         return items
 
     def _new_key(self) -> str:

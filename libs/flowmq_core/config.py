@@ -120,6 +120,11 @@ class BrokerConfig:
     # (MQTT and AMQP stop reading them, Kafka throttles Produce, HTTP publish answers 503);
     # they resume once it is below half of this. 0: never paused.
     pending_writes_high_water: int = 64 * 1024 * 1024
+    # …and durable writes (chunks: a Kafka partition's records of one Produce, a Queue
+    # message, a persistent MQTT session's copy of a message) waiting for their flush to
+    # commit: each costs about a kilobyte while it waits, however small (an MQTT message
+    # fanned out to offline sessions is one per session). Resumed below half. 0: not counted.
+    pending_writes_high_water_chunks: int = 4096
     # The process's resident memory, bytes, past which publishers are paused the same way
     # (checked every second; resumed below 90 % of it). 0: no limit.
     memory_limit: int = 0
@@ -252,6 +257,7 @@ _COUNT_LIMITS = (
     "max_connections",
     "max_connections_per_address",
     "pending_writes_high_water",
+    "pending_writes_high_water_chunks",
     "memory_limit",
 )
 

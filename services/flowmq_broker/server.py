@@ -324,6 +324,7 @@ class Broker(OperationsBackend):
             self.objects,
             node_id=object_owner,
             high_water=cfg.pending_writes_high_water,
+            high_water_chunks=cfg.pending_writes_high_water_chunks,
         )
         self.batcher.pressure_listeners.append(self.pressure.on_pressure)
         await self.batcher.start()

@@ -95,6 +95,9 @@ class MqttConnection(asyncio.Protocol):
         self.session: Session | None = None
         self.client_id = ""
         self._held: list[Any] | None = None  # packets read while CONNECT awaits the cluster
+        # Packets read and not yet handled while durable writes lag (``_pause_for_pressure``):
+        # the rest of the read that passed the mark, handled once they caught up.
+        self._unread: list[Any] | None = None
         self.username: str | None = None
         # The user its TLS client certificate names (tls_cert_as_username): logs in as that
         # user without a password, whatever CONNECT says.
@@ -150,14 +153,18 @@ class MqttConnection(asyncio.Protocol):
         try:
             self._process(data)
         finally:
-            if self._in_count:
-                self.m.messages_in.inc(self._in_count)
-                self.m.bytes_in.inc(self._in_bytes)
-                self._in_count = self._in_bytes = 0
-            # Everything this read produced — acks and every subscriber's deliveries — goes
-            # out now, one write per connection (uvloop reads a socket many times per wake-up
-            # before running callbacks: waiting for call_soon would send megabyte bursts).
-            self.delivery.flush_dirty()
+            self._after_read()
+
+    def _after_read(self) -> None:
+        """Count the PUBLISH packets handled, and send what handling them produced."""
+        if self._in_count:
+            self.m.messages_in.inc(self._in_count)
+            self.m.bytes_in.inc(self._in_bytes)
+            self._in_count = self._in_bytes = 0
+        # Everything this read produced — acks and every subscriber's deliveries — goes
+        # out now, one write per connection (uvloop reads a socket many times per wake-up
+        # before running callbacks: waiting for call_soon would send megabyte bursts).
+        self.delivery.flush_dirty()
 
     def _process(self, data: bytes) -> None:
         try:
@@ -170,6 +177,9 @@ class MqttConnection(asyncio.Protocol):
         self._handle_all(packets)
 
     def _handle_all(self, packets: list[Any]) -> None:
+        if self._unread is not None:  # stopped for the pressure: these come after the rest
+            self._unread.extend(packets)
+            return
         on_publish = self._on_publish
         fast = self._checked_topics()
         delivery = self.delivery
@@ -179,8 +189,9 @@ class MqttConnection(asyncio.Protocol):
         run_topic = ""
         run_plan: RoutePlan | None = None
         run_size = 0
+        rest = iter(packets)
         try:
-            for packet in packets:
+            for packet in rest:
                 if self.closing:
                     return
                 if self._held is not None:  # CONNECT is waiting (another node, the store)
@@ -205,6 +216,9 @@ class MqttConnection(asyncio.Protocol):
                         continue
                     delivery.send_forwards()
                     on_publish(Publish(topic, packet[1]), packet[2])
+                    if self._unread is not None:  # durable writes lag: not one more now
+                        self._unread.extend(rest)
+                        return
                     continue
                 if run_plan is not None:
                     self._publish_run(run_plan, run_topic, run, run_size)
@@ -212,6 +226,9 @@ class MqttConnection(asyncio.Protocol):
                 delivery.send_forwards()
                 if cls is Publish:
                     on_publish(packet)
+                    if self._unread is not None:
+                        self._unread.extend(rest)
+                        return
                 else:
                     self._handle(packet)
                     fast = self._checked_topics()  # a SUBSCRIBE, a CONNECT may change it
@@ -350,6 +367,7 @@ class MqttConnection(asyncio.Protocol):
         self.server.connection_limits.release(self)
         self.closing = True
         self.transport = None
+        self._unread = None
         self._out.clear()
         self.out_bytes = 0
         if self._timer is not None:
@@ -557,6 +575,9 @@ class MqttConnection(asyncio.Protocol):
             if self._held is not None:
                 self._held.extend(held[index:])
                 return
+            if self._unread is not None:  # stopped for the pressure (_pause_for_pressure)
+                self._unread.extend(held[index:])
+                return
             self._handle(packet)
 
     def _on_connect_accepted(self, p: Connect) -> None:
@@ -670,6 +691,7 @@ class MqttConnection(asyncio.Protocol):
             await self._take_session(p)
             held, self._held = self._held or [], None
             if self.closing:
+                self._release_taken(key)
                 return
             if self.transport is not None and not self.delivery.is_paused(self):
                 self.transport.resume_reading()
@@ -678,6 +700,17 @@ class MqttConnection(asyncio.Protocol):
             self.delivery.flush_dirty()
         finally:
             server.end_connect_turn(key, turn)
+
+    def _release_taken(self, key: tuple[str, str]) -> None:
+        """The client left while its session's stored messages were being taken: the
+        session stays offline, so what was taken goes back to the store alone, as at any
+        disconnect (``OfflineStore.release``).  Left in its queue it stayed in memory until
+        the client id came back (fuzzed clients that gave up during a take left up to a
+        thousand messages each)."""
+        server = self.server
+        session = server.sessions.get(key)
+        if session is not None and session.connection is None and server.offline is not None:
+            server.offline.release(session)
 
     async def _take_session(self, p: Connect) -> None:
         """Make the session of a CONNECT current here.  Without clean start it may be on
@@ -924,7 +957,7 @@ class MqttConnection(asyncio.Protocol):
                 self._in_background(awaitable)
             return
         if durable and self.delivery.pressure.active:  # backpressure.py
-            self.delivery.pause_for_pressure(self)
+            self._pause_for_pressure()
         if not qos:
             for awaitable in durable:
                 self._in_background(awaitable)
@@ -935,6 +968,33 @@ class MqttConnection(asyncio.Protocol):
             session.incoming_qos2.add(packet_id)
         ack = Puback if qos == 1 else Pubrec
         self._queue_ack(pending, ack, packet_id, success)
+
+    def _pause_for_pressure(self) -> None:
+        """Durable writes lag: handle nothing more from this client until they caught up,
+        not even the rest of the read in hand (kept in ``_unread``).  A read holds up to a
+        few thousand PUBLISH packets, each fanned out to up to every offline session: handled
+        after the mark was passed, a few connections' reads took the writes waiting past it
+        many times over (an MQTT fuzz run: ~10,000 stores of ~1 KB waiting at once)."""
+        if self.delivery.pause_for_pressure(self, self._pressure_over):
+            self._unread = []
+
+    def _pressure_over(self) -> None:
+        """The pressure ended (called by ``Backpressure`` from the batcher's bookkeeping):
+        the rest of the read is handled in a callback of its own."""
+        self._loop.call_soon(self._read_on)
+
+    def _read_on(self) -> None:
+        """Handle what was read and not handled yet (stopping again if the pressure came
+        back meanwhile), then read again unless something else holds the connection."""
+        unread, self._unread = self._unread, None
+        if self.closing or unread is None:
+            return
+        try:
+            self._replay(unread)
+        finally:
+            self._after_read()
+        if self.transport is not None and not self.delivery.is_paused(self):
+            self.transport.resume_reading()
 
     def _refuse(self, packet_id: int, qos: int, why: str) -> None:
         if self.level == 5:

@@ -29,8 +29,10 @@ through ``SessionConnection`` (``flowmq_broker.mqtt.session``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 from flowmq_broker.backpressure import Backpressure
@@ -630,13 +632,20 @@ class MqttDelivery:
         if publisher.transport is not None and not self.is_paused(publisher):
             publisher.transport.resume_reading()
 
-    def pause_for_pressure(self, publisher: SessionConnection) -> None:
+    def pause_for_pressure(
+        self, publisher: SessionConnection, resume: Callable[[], None] | None = None
+    ) -> bool:
         """Durable writes lag (``pressure.active``): stop reading ``publisher``, whose message
-        just went to a durable destination, until they catch up."""
-        if publisher.transport is not None and self.pressure.hold(
-            publisher, lambda: self._resume(publisher)
-        ):
-            publisher.transport.pause_reading()
+        just went to a durable destination, until they catch up; then ``resume()`` (default:
+        read again unless another reason holds it).  True if it was not held already."""
+        if publisher.transport is None:
+            return False
+        if resume is None:
+            resume = functools.partial(self._resume, publisher)
+        if not self.pressure.hold(publisher, resume):
+            return False
+        publisher.transport.pause_reading()
+        return True
 
     def on_links_blocked(self) -> None:
         """The cluster's callback: a forward just went into a link the peer is not draining

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 
 from flowmq_broker.mqtt.delivery import message_from
-from flowmq_wire.mqtt.packets import Puback, Publish, SubscriptionOptions
+from flowmq_wire.mqtt.packets import Connect, Pingreq, Puback, Publish, SubscriptionOptions
+from tests.fixtures.counting import hold_puts
 
 from .conftest import RawClient, wait_until
 
@@ -88,4 +89,78 @@ def test_a_will_fanned_out_to_offline_sessions_starts_no_task_per_store(inproc_b
     back = RawClient(port, 5)
     assert back.connect(away[-1], clean_start=False, properties=AWAY).session_present
     assert back.expect(Publish).payload == b"bye"  # stored all the same
+    back.close()
+
+
+def test_a_stored_message_goes_out_with_its_subscription_identifier(inproc_broker, uid):
+    """Taken from the store, a message is queued as read unless it carries identifiers:
+    those it goes out with, and no other."""
+    port = inproc_broker.ports["mqtt"]
+    topic = f"ids/{uid}"
+    clients = {f"ids-{uid}": 7, f"plain-{uid}": None}
+    for client_id, sub_id in clients.items():
+        sub = RawClient(port, 5)
+        sub.connect(client_id, clean_start=False, properties=AWAY)
+        sub.subscribe((topic, SubscriptionOptions(qos=1)), sub_id=sub_id)
+        sub.disconnect()
+    wait_until(lambda: not any(_session(inproc_broker, c).online for c in clients))
+    publisher = RawClient(port, 5)
+    publisher.connect(f"pub-{uid}")
+    assert publisher.publish(topic, b"kept", 1).reason_code == 0
+    publisher.close()
+    for client_id, sub_id in clients.items():
+        back = RawClient(port, 5)
+        assert back.connect(client_id, clean_start=False, properties=AWAY).session_present
+        got = back.expect(Publish)
+        assert got.payload == b"kept"
+        assert got.properties.get("subscription_identifier") == ([sub_id] if sub_id else None)
+        back.send(Puback(got.packet_id))
+        back.close()
+
+
+def test_a_client_closed_during_the_take_leaves_its_backlog_in_the_store_only(inproc_broker, uid):
+    """A resumed CONNECT takes the stored messages once the session's stores in flight are
+    durable; a client closed meanwhile (here: more packets than ``mqtt_max_held_packets``
+    behind its CONNECT) leaves nothing it took in the offline session's memory."""
+    tb = inproc_broker
+    port = tb.ports["mqtt"]
+    client_id, topic = f"gone-{uid}", f"gone/{uid}"
+    key = ("default", client_id)
+    sub = RawClient(port, 5)
+    sub.connect(client_id, clean_start=False, properties=AWAY)
+    sub.subscribe((topic, SubscriptionOptions(qos=1)))
+    sub.disconnect()
+    wait_until(lambda: not _session(tb, client_id).online)
+    publisher = RawClient(port, 5)
+    publisher.connect(f"pub-{uid}")
+    for i in range(BACKLOG):
+        assert publisher.publish(topic, b"m%d" % i, 1).reason_code == 0
+    gated = tb.call(lambda: hold_puts(tb.broker.batcher))
+    publisher.send(Publish(topic, b"last", 1, packet_id=BACKLOG + 1))  # its store is held
+    session = _session(tb, client_id)
+    wait_until(lambda: tb.call(lambda: bool(session.pending_stores)))
+
+    too_much = RawClient(port, 5)
+    held = tb.call(lambda: tb.broker.mqtt.max_held_packets)
+    too_much.send(
+        Connect(client_id, False, 60, properties=AWAY, protocol_level=5),
+        *([Pingreq()] * (held + 1)),
+    )
+    too_much.wait_closed()  # closed while its take waits for the held store
+    assert tb.call(lambda: tb.broker.mqtt.connecting(key))
+    tb.call(gated.put_gate.set)
+    assert publisher.expect(Puback).packet_id == BACKLOG + 1
+    wait_until(lambda: tb.call(lambda: not tb.broker.mqtt.connecting(key)))
+    assert tb.call(lambda: (session.online, len(session.queue))) == (False, 0)
+    publisher.close()
+
+    back = RawClient(port, 5)
+    assert back.connect(client_id, clean_start=False, properties=AWAY).session_present
+    got = []
+    while len(got) < BACKLOG + 1:
+        p = back.expect(Publish)
+        back.send(Puback(p.packet_id))
+        got.append(p.payload)
+    assert got == [b"m%d" % i for i in range(BACKLOG)] + [b"last"]
+    back.expect_nothing()
     back.close()

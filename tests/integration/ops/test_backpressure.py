@@ -9,7 +9,6 @@ everything resumes and every acknowledged message is stored."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -23,7 +22,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from flowmq_broker.amqp.connection import AmqpConnection
 from flowmq_broker.kafka.connection import KafkaConnection
 from flowmq_broker.mqtt.connection import MqttConnection
-from tests.fixtures.counting import CountingObjectStore
+from tests.fixtures.counting import hold_puts
 from tests.fixtures.inprocess import TOKEN, broker_config
 from tests.fixtures.threaded_broker import ThreadedBroker
 from tests.fixtures.waiting import wait_until
@@ -84,14 +83,7 @@ def test_publishers_on_every_protocol_pause_while_durable_writes_lag_and_resume(
         assert channel.basic_publish("", "bp-q", b"amqp-before") is None
 
         # The object store's PUTs now wait for ``gate``.
-        def hold_puts() -> CountingObjectStore:
-            batcher = tb.broker.batcher
-            gated = CountingObjectStore(batcher.objects)
-            gated.put_gate = asyncio.Event()
-            batcher.objects = gated
-            return gated
-
-        gated = tb.call(hold_puts)
+        gated = tb.call(lambda: hold_puts(tb.broker.batcher))
         tb.call(lambda: setattr(tb.broker.batcher, "pressure_log_quiet_s", 2.0))
         # An HTTP publish taken before the pressure: its flush is the one held at the PUT, so
         # everything after it waits in the batcher (however the clients pipeline).

@@ -644,6 +644,28 @@ async def test_pending_bytes_past_the_high_water_mark_report_pressure_until_belo
     await batcher.close()
 
 
+async def test_unsettled_chunks_past_their_mark_report_pressure_until_half_are_committed(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    """Small chunks pass the chunk mark long before the byte mark; the chunks in a flush
+    still count until it commits (their submitters' memory is held until then)."""
+    batcher = await started_batcher(meta, objects, flush_interval=0.001, high_water_chunks=10)
+    heard: list[bool] = []
+    batcher.pressure_listeners.append(heard.append)
+    gate = asyncio.Event()
+    objects.put_gate = gate
+    futures = [batcher.submit("g", b"x", RECORDING, f"c{i}") for i in range(10)]
+    await objects.put_waiting.wait()  # all ten in the held flush, none waiting
+    assert batcher.pending_bytes == 0 and batcher.unsettled_chunks == 10 and heard == []
+    futures.append(batcher.submit("g", b"x", RECORDING, "over"))
+    assert heard == [True] and batcher.under_pressure
+    objects.put_gate = None
+    gate.set()
+    await asyncio.gather(*futures)
+    assert heard == [True, False] and batcher.unsettled_chunks == 0
+    await batcher.close()
+
+
 async def test_high_water_zero_never_reports_pressure(
     meta: CountingMetaStore, objects: CountingObjectStore
 ) -> None:

@@ -16,6 +16,7 @@ from flowmq_kas3.records import (
     base_offset_of,
     crc_ok,
     decode_batches,
+    encode_batch,
     iter_batches,
     patch_base_offsets,
     split_batches,
@@ -106,6 +107,70 @@ def test_encode_messages_puts_topic_first_then_user_properties() -> None:
     assert r1.headers == [(TOPIC_HEADER, b"a/b"), ("p", b"v"), ("p", b"w")]
     assert r2.headers == [(TOPIC_HEADER, "a/ü".encode())]
     assert (r1.value, r1.timestamp, r2.key, r2.timestamp) == (b"1", 42, b"k", 43)
+
+
+# Record shapes the hand-written encoder must write exactly as kafka-python's builder does:
+# null/empty keys and values, null header values, unicode names, negative and past-the-table
+# timestamp deltas, lengths and header counts whose varints take several bytes.
+ENCODER_SHAPES = {
+    "one plain": [(None, b"x" * 100, [], 1_700_000_000_000)],
+    "null value and key": [(None, None, [], 0)],
+    "empty key and value": [(b"", b"", [], 5)],
+    "null header values": [(b"k", b"v", [("a", None), ("b", b""), ("a", b"1")], 9)],
+    "unicode header names": [(None, b"v", [("ü/é", b"\xff"), ("日本", None)], 1)],
+    "decreasing timestamps": [(b"k%d" % i, b"v", [], 1_000 - 300 * i) for i in range(5)],
+    "wide timestamp deltas": [(None, b"v", [], t) for t in (0, 1 << 40, -(1 << 40), 8191, -8192)],
+    "negative timestamp": [(None, b"v", [], -1)],
+    "long fields": [(b"k" * 9000, b"v" * 70_000, [("h" * 200, b"x" * 20_000)], 3)],
+    "many headers": [(None, b"v", [(f"h{i}", b"%d" % i) for i in range(100)], 7)],
+    "several records": RECORDS,
+    "many records": [(None, b"%d" % i, [], 50 + i) for i in range(300)],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(ENCODER_SHAPES))
+def test_encode_batch_writes_what_build_batch_writes(shape: str) -> None:
+    records = ENCODER_SHAPES[shape]
+    batch = encode_batch(records)
+    assert batch == build_batch(records)
+    assert crc_ok(batch)
+    assert [(r.offset, r.key, r.value, r.headers, r.timestamp) for r in decode_batch(batch)] == [
+        (i, k, v, list(h), t) for i, (k, v, h, t) in enumerate(records)
+    ]
+
+
+MESSAGE_SHAPES = {
+    "plain": [_Msg("sensors/1/temp", b"x" * 100, [])],
+    "empty payload with key": [_Msg("a", b"", [], key=b"k")],
+    "unicode topic and properties": [_Msg("капуста/ü", b"v", [("ключ", b"\x00"), ("p", b"")])],
+    "long topic and payload": [_Msg("t/" * 5000, b"p" * 100_000, [], ts=0)],
+    "several messages": [
+        _Msg(f"t/{i % 3}", b"m%d" % i, [("n", b"%d" % i)] * (i % 4), ts=10_000 - i * 999)
+        for i in range(40)
+    ],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MESSAGE_SHAPES))
+def test_encode_messages_writes_what_build_batch_writes(shape: str) -> None:
+    messages = MESSAGE_SHAPES[shape]
+    expected = build_batch(
+        [
+            (m.key, m.payload, [(TOPIC_HEADER, m.topic.encode()), *m.headers], m.timestamp_ms)
+            for m in messages
+        ]
+    )
+    assert encode_messages(messages) == expected
+    assert encode_messages(messages) == expected  # again, with the topic headers cached
+    zstd = encode_messages(messages, compression=CODEC_NAMES["zstd"])
+    assert decode_batch(zstd) == decode_batch(expected)
+
+
+def test_encoders_refuse_an_empty_batch() -> None:
+    with pytest.raises(InvalidRecordBatch):
+        encode_batch([])
+    with pytest.raises(InvalidRecordBatch):
+        encode_messages([])
 
 
 def test_control_batches_decode_to_no_records() -> None:

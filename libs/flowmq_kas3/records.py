@@ -412,6 +412,33 @@ def _topic_header(topic: str) -> bytes:
     return b"".join(parts)
 
 
+_ONE_HEADER = _varint(1)
+# attributes 0, timestamp delta 0, offset delta 0: the start of a batch's only record
+_FIRST_RECORD_PREFIX = b"\x00" + _varint(0) + _varint(0)
+
+
+def encode_message(msg: MessageLike) -> bytes:
+    """``encode_messages([msg])``: the one-record batch every message routed into a Stream
+    becomes, from one join when the message has no user properties."""
+    if msg.headers:
+        return encode_messages((msg,))
+    key = msg.key
+    payload = msg.payload
+    timestamp = msg.timestamp_ms
+    record = b"".join(
+        (
+            _FIRST_RECORD_PREFIX,
+            _NULL if key is None else _varint(len(key)),
+            key or b"",
+            _NULL if payload is None else _varint(len(payload)),
+            payload or b"",
+            _ONE_HEADER,
+            _topic_header(msg.topic),
+        )
+    )
+    return _close_batch([b"", _varint(len(record)), record], 1, timestamp, timestamp)
+
+
 def encode_messages(messages: Iterable[MessageLike], *, compression: int = CODEC_NONE) -> bytes:
     """A v2 batch of routed MQTT/AMQP messages: canonical topic as header ``flowmq.topic``,
     then the message's own headers (user properties) in order."""

@@ -17,6 +17,7 @@ from flowmq_kas3.records import (
     crc_ok,
     decode_batches,
     encode_batch,
+    encode_message,
     iter_batches,
     patch_base_offsets,
     split_batches,
@@ -164,6 +165,29 @@ def test_encode_messages_writes_what_build_batch_writes(shape: str) -> None:
     assert encode_messages(messages) == expected  # again, with the topic headers cached
     zstd = encode_messages(messages, compression=CODEC_NAMES["zstd"])
     assert decode_batch(zstd) == decode_batch(expected)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        _Msg("sensors/1/temp", b"x" * 100, []),
+        _Msg("a", b"", [], key=b"k", ts=0),
+        _Msg("ü/" * 3000, b"p" * 20_000, [], key=b"k" * 200, ts=-5),
+        _Msg("a/b", b"v", [("p", b"1"), ("q", None)], key=b"k"),
+    ],
+)
+def test_encode_message_writes_what_build_batch_writes(message: _Msg) -> None:
+    expected = build_batch(
+        [
+            (
+                message.key,
+                message.payload,
+                [(TOPIC_HEADER, message.topic.encode()), *message.headers],
+                message.timestamp_ms,
+            )
+        ]
+    )
+    assert encode_message(message) == expected
 
 
 def test_encoders_refuse_an_empty_batch() -> None:

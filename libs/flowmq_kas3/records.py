@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
 
 import cramjam
-from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
+from kafka.record.default_records import DefaultRecordBatch
 from kafka.record.util import calc_crc32c
 
 from flowmq_kas3.errors import DecompressedTooLarge, InvalidRecordBatch
@@ -279,41 +279,13 @@ def decompress(codec: int, data: bytes | memoryview, max_size: int | None = None
 NewRecord = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]], int]
 """(key, value, headers, timestamp_ms) of a record to build."""
 
-
-def build_batch(records: Sequence[NewRecord], *, compression: int = CODEC_NONE) -> bytes:
-    """One v2 batch (base offset 0, no producer id) holding ``records`` in order."""
-    if not records:
-        raise InvalidRecordBatch("a record batch needs at least one record")
-    builder = DefaultRecordBatchBuilder(
-        magic=MAGIC_V2,
-        compression_type=CODEC_NONE,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 62,
-    )
-    for offset, (key, value, headers, timestamp) in enumerate(records):
-        builder.append(offset, timestamp, key, value, list(headers))
-    buf = builder.build()
-    if compression != CODEC_NONE:
-        body = compress(compression, bytes(buf[HEADER_SIZE:]))
-        buf = buf[:HEADER_SIZE] + body
-        _LENGTH.pack_into(buf, 8, len(buf) - LOG_OVERHEAD)
-        attributes = _MIDDLE.unpack_from(buf, 21)[0] | compression
-        struct.pack_into(">h", buf, 21, attributes)
-        struct.pack_into(">I", buf, 17, calc_crc32c(memoryview(buf)[21:]))
-    return bytes(buf)
-
-
-# -- fast uncompressed encoding ---------------------------------------------------------------
-#
-# Every message routed into a Stream is encoded as its own batch, and kafka-python's pure-Python
-# DefaultRecordBatchBuilder (one bytearray append per varint byte) took 23 % of the broker's
-# samples in the MQTT QoS 1 -> Stream benchmark.  The encoder below writes the same bytes (the
-# unit tests compare it with ``build_batch`` over many record shapes) from precomputed varints
-# and one join: timeit of ``encode_messages`` for one 100-byte message went from 7.1 µs to
-# 2.5 µs (medians of 3 alternated runs, load average 6-9 on 2 cores; benchmarks/README.md).
+# Hand-written, not kafka-python's builder: every message routed into a Stream is encoded as
+# its own batch, and kafka-python's pure-Python DefaultRecordBatchBuilder (one bytearray append
+# per varint byte) took 23 % of the broker's samples in the MQTT QoS 1 -> Stream benchmark.
+# The encoder below writes the same bytes (the unit tests compare it with that builder over
+# many record shapes) from precomputed varints and one join.  timeit, one 100-byte message: ``encode_messages`` 7.6 µs -> 2.6 µs, and
+# ``encode_message`` (what the Stream destination calls) 1.5 µs (medians of 6 alternated runs,
+# load average 6-9 on 2 cores; benchmarks/README.md).
 
 # zigzag varints of every value whose zigzag form fits in two bytes (lengths below 8 KiB,
 # small timestamp and offset deltas), so the common fields cost one index.
@@ -384,8 +356,9 @@ def _close_batch(parts: list[bytes], count: int, first_ts: int, max_ts: int) -> 
 
 
 def encode_batch(records: Sequence[NewRecord]) -> bytes:
-    """``build_batch(records)`` without compression, byte for byte, without kafka-python's
-    per-byte builder."""
+    """One uncompressed v2 batch holding ``records``: the bytes kafka-python's
+    ``DefaultRecordBatchBuilder`` writes (base offset 0, producer id, epoch and base sequence
+    -1, attributes 0)."""
     if not records:
         raise InvalidRecordBatch("a record batch needs at least one record")
     first_ts = max_ts = records[0][3]
@@ -401,6 +374,21 @@ def encode_batch(records: Sequence[NewRecord]) -> bytes:
             _append_header(record, name, header_value)
         _append_record(parts, record, offset, timestamp - first_ts)
     return _close_batch(parts, len(records), first_ts, max_ts)
+
+
+def build_batch(records: Sequence[NewRecord], *, compression: int = CODEC_NONE) -> bytes:
+    """One v2 batch (base offset 0, no producer id) holding ``records`` in order, its body
+    compressed with ``compression``."""
+    batch = encode_batch(records)
+    if compression == CODEC_NONE:
+        return batch
+    buf = bytearray(batch[:HEADER_SIZE])
+    buf += compress(compression, batch[HEADER_SIZE:])
+    _LENGTH.pack_into(buf, 8, len(buf) - LOG_OVERHEAD)
+    attributes = _MIDDLE.unpack_from(buf, 21)[0] | compression
+    struct.pack_into(">h", buf, 21, attributes)
+    struct.pack_into(">I", buf, 17, calc_crc32c(memoryview(buf)[21:]))
+    return bytes(buf)
 
 
 @functools.lru_cache(maxsize=4096)

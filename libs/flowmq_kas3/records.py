@@ -283,9 +283,10 @@ NewRecord = tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]
 # its own batch, and kafka-python's pure-Python DefaultRecordBatchBuilder (one bytearray append
 # per varint byte) took 23 % of the broker's samples in the MQTT QoS 1 -> Stream benchmark.
 # The encoder below writes the same bytes (the unit tests compare it with that builder over
-# many record shapes) from precomputed varints and one join.  timeit, one 100-byte message: ``encode_messages`` 7.6 µs -> 2.6 µs, and
-# ``encode_message`` (what the Stream destination calls) 1.5 µs (medians of 6 alternated runs,
-# load average 6-9 on 2 cores; benchmarks/README.md).
+# many record shapes) from precomputed varints and one join.  timeit, one 100-byte message:
+# ``encode_messages`` 7.6 µs -> 2.6 µs, and ``encode_message`` (what the Stream destination
+# calls) 1.5 µs (medians of 6 alternated runs, load average 6-9 on 2 cores;
+# benchmarks/README.md).
 
 # zigzag varints of every value whose zigzag form fits in two bytes (lengths below 8 KiB,
 # small timestamp and offset deltas), so the common fields cost one index.
@@ -391,13 +392,24 @@ def build_batch(records: Sequence[NewRecord], *, compression: int = CODEC_NONE) 
     return bytes(buf)
 
 
-@functools.lru_cache(maxsize=4096)
-def _topic_header(topic: str) -> bytes:
-    """The encoded ``flowmq.topic`` header of ``topic``: the same few topics are routed
-    over and over."""
+def _encode_topic_header(topic: str) -> bytes:
     parts: list[bytes] = []
     _append_header(parts, TOPIC_HEADER, topic.encode())
     return b"".join(parts)
+
+
+# The same few topics are routed over and over; the bounds keep what a client sending many
+# long distinct topics can pin to a few MiB (MQTT allows 64 KiB topics).
+_CACHED_TOPIC_HEADERS = 4096
+_CACHED_TOPIC_MAX_LENGTH = 256
+_cached_topic_header = functools.lru_cache(maxsize=_CACHED_TOPIC_HEADERS)(_encode_topic_header)
+
+
+def _topic_header(topic: str) -> bytes:
+    """The encoded ``flowmq.topic`` header of ``topic``."""
+    if len(topic) <= _CACHED_TOPIC_MAX_LENGTH:
+        return _cached_topic_header(topic)
+    return _encode_topic_header(topic)
 
 
 _ONE_HEADER = _varint(1)

@@ -21,19 +21,26 @@ def _session(tb, client_id: str):
     return tb.call(lambda: tb.broker.mqtt.sessions.get(("default", client_id)))
 
 
-def test_a_session_gone_offline_again_keeps_its_backlog_in_the_store_only(inproc_broker, uid):
-    port = inproc_broker.ports["mqtt"]
-    client_id, topic = f"away-{uid}", f"away/{uid}"
+def _away_with_backlog(tb, client_id: str, topic: str) -> RawClient:
+    """A persistent session subscribed to ``topic`` and offline, with ``BACKLOG`` QoS 1
+    messages stored for it; the publisher, still connected."""
+    port = tb.ports["mqtt"]
     sub = RawClient(port, 5)
     sub.connect(client_id, clean_start=False, properties=AWAY)
     sub.subscribe((topic, SubscriptionOptions(qos=1)))
     sub.disconnect()
-    wait_until(lambda: not _session(inproc_broker, client_id).online)
+    wait_until(lambda: not _session(tb, client_id).online)
     publisher = RawClient(port, 5)
-    publisher.connect(f"pub-{uid}")
+    publisher.connect(f"pub-{client_id}")
     for i in range(BACKLOG):
         assert publisher.publish(topic, b"m%d" % i, 1).reason_code == 0
-    publisher.close()
+    return publisher
+
+
+def test_a_session_gone_offline_again_keeps_its_backlog_in_the_store_only(inproc_broker, uid):
+    port = inproc_broker.ports["mqtt"]
+    client_id, topic = f"away-{uid}", f"away/{uid}"
+    _away_with_backlog(inproc_broker, client_id, topic).close()
 
     # Back with a window of one: the backlog is taken, one message goes out, then it leaves.
     slow = RawClient(port, 5)
@@ -126,15 +133,7 @@ def test_a_client_closed_during_the_take_leaves_its_backlog_in_the_store_only(in
     port = tb.ports["mqtt"]
     client_id, topic = f"gone-{uid}", f"gone/{uid}"
     key = ("default", client_id)
-    sub = RawClient(port, 5)
-    sub.connect(client_id, clean_start=False, properties=AWAY)
-    sub.subscribe((topic, SubscriptionOptions(qos=1)))
-    sub.disconnect()
-    wait_until(lambda: not _session(tb, client_id).online)
-    publisher = RawClient(port, 5)
-    publisher.connect(f"pub-{uid}")
-    for i in range(BACKLOG):
-        assert publisher.publish(topic, b"m%d" % i, 1).reason_code == 0
+    publisher = _away_with_backlog(tb, client_id, topic)
     gated = tb.call(lambda: hold_puts(tb.broker.batcher))
     publisher.send(Publish(topic, b"last", 1, packet_id=BACKLOG + 1))  # its store is held
     session = _session(tb, client_id)

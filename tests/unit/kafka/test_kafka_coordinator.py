@@ -125,3 +125,40 @@ async def test_shutdown_sends_waiting_members_elsewhere() -> None:
     pending = join(c)
     c.shutdown()
     assert (await pending).error == ErrorCode.NOT_COORDINATOR
+
+
+async def test_members_learn_a_generation_only_once_it_is_stored() -> None:
+    """With a generation store (the meta store's), a completed join is answered only after
+    the new generation is durable, and it continues from the stored one (another
+    coordinator's), not from this coordinator's memory."""
+    stored = {"g": 6}
+    storing, release = asyncio.Event(), asyncio.Event()
+
+    async def store_generation(group: str, current: int) -> int:
+        storing.set()
+        await release.wait()
+        stored[group] = max(current, stored.get(group, 0)) + 1
+        return stored[group]
+
+    c = GroupCoordinator(initial_delay_s=0.01, store_generation=store_generation)
+    pending = join(c)
+    await asyncio.wait_for(storing.wait(), 5)  # the join completed: storing its generation
+    assert not pending.done()
+    assert c.groups["g"].state is GroupState.COMPLETING_REBALANCE
+    assert c.check_commit("g", 0, "anyone") == ErrorCode.REBALANCE_IN_PROGRESS
+    release.set()
+    (result,) = await joined(pending)
+    assert result.error == ErrorCode.NONE and result.generation == 7 == stored["g"]
+    await synced(c, 7, result.member_id, leader=result.member_id)
+    assert c.check_commit("g", 7, result.member_id) == ErrorCode.NONE
+
+
+async def test_a_join_whose_generation_cannot_be_stored_is_refused() -> None:
+    async def unreachable(group: str, current: int) -> int:
+        raise RuntimeError("meta store down")
+
+    c = GroupCoordinator(initial_delay_s=0.01, store_generation=unreachable)
+    (result,) = await joined(join(c))
+    assert result.error == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert c.groups["g"].state is GroupState.PREPARING_REBALANCE
+    c.shutdown()

@@ -82,9 +82,9 @@ class Group:
     pending_members: set[str] = field(default_factory=set)
     timer: asyncio.TimerHandle | None = None
     delay_until: float = 0.0
-    # Set while the next generation is being stored (identifies that store; a newer one
-    # supersedes it).
-    advancing: object | None = None
+    # The task storing the group's next generation (a newer one supersedes it and waits
+    # for it first, so stores of one group run in order and numbers only grow).
+    advancing: asyncio.Task[None] | None = None
 
 
 @dataclass(frozen=True)
@@ -311,18 +311,23 @@ class GroupCoordinator:
             if then is not None:
                 then(group)
             return
-        token = group.advancing = object()
         task = asyncio.get_running_loop().create_task(
-            self._store_next_generation(group, token, then),
+            self._store_next_generation(group, group.advancing, then),
             name=f"group-generation-{group.group_id}",
         )
+        group.advancing = task
         self._storing.add(task)
         task.add_done_callback(self._storing.discard)
 
     async def _store_next_generation(
-        self, group: Group, token: object, then: Callable[[Group], None] | None
+        self,
+        group: Group,
+        previous: asyncio.Task[None] | None,
+        then: Callable[[Group], None] | None,
     ) -> None:
         assert self.store_generation is not None
+        if previous is not None:
+            await asyncio.wait([previous])  # its number first: ours must be above it
         try:
             generation = await self.store_generation(group.group_id, group.generation)
         except Exception as exc:
@@ -332,7 +337,7 @@ class GroupCoordinator:
             return  # forgotten or shut down meanwhile
         if generation is not None:
             group.generation = max(group.generation, generation)
-        if group.advancing is not token:
+        if group.advancing is not asyncio.current_task():
             return  # a newer rebalance stores its own generation
         group.advancing = None
         if then is None or group.state is not GroupState.COMPLETING_REBALANCE:
@@ -472,10 +477,11 @@ class GroupCoordinator:
             group.state = GroupState.EMPTY
             group.protocol = group.leader = group.protocol_type = None
             return
-        if group.state is GroupState.PREPARING_REBALANCE:
-            self._maybe_complete_join(group)
-        else:
+        if group.state is not GroupState.PREPARING_REBALANCE:
             self._prepare_rebalance(group, reason)
+        # Members still waiting in JoinGroup (their generation was being stored) count as
+        # rejoined: with no one else missing, the rebalance completes now.
+        self._maybe_complete_join(group)
 
     # -- sessions ----------------------------------------------------------------------------
 

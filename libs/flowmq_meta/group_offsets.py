@@ -8,6 +8,15 @@ for the next, which then writes all of them at once; each ``commit`` future reso
 after the transaction holding it has committed (is durable), so a consumer's OffsetCommit is
 acknowledged exactly then.  A busy broker therefore pays one transaction per round trip of
 the meta store, not one per commit request.
+
+Fencing: ``GROUP_GENERATIONS(ns, group)`` holds the group's latest generation, which its
+coordinator stores (``next_generation``) before any member learns it.  A member's commit
+carries its generation and the transaction that would write it first reads the stored one:
+older means the group has rebalanced since (maybe on another coordinator, while this write
+waited for a locked meta store or a paused broker), and the commit is refused with
+``StaleGeneration`` (Kafka's ILLEGAL_GENERATION) instead of moving the offset back under the
+new members.  Commits without a generation (-1: simple consumers, admin resets) are not
+fenced, as in Kafka.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from typing import NamedTuple
 import fdb.tuple as fdbtuple
 
 from flowmq_meta import keys
-from flowmq_meta.api import MetaStore, Transaction
+from flowmq_meta.api import MetaStore, Transaction, decode_int, encode_int
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +59,20 @@ OffsetEntry = tuple[str, int, CommittedOffset]
 """(stream, partition, committed offset)."""
 
 
+class StaleGeneration(Exception):
+    """The group moved to a newer generation than the commit's (Kafka's ILLEGAL_GENERATION)."""
+
+
 class _Pending(NamedTuple):
     namespace: str
     group: str
     entries: Sequence[OffsetEntry]
+    generation: int  # -1: not fenced
     future: asyncio.Future[None]
+
+
+def _stored_generation(tr: Transaction, namespace: str, group: str) -> int:
+    return decode_int(tr.get(keys.GROUP_GENERATIONS.pack(namespace, group)))
 
 
 class GroupOffsetStore:
@@ -68,16 +86,17 @@ class GroupOffsetStore:
     # -- commit ------------------------------------------------------------------------------
 
     def commit(
-        self, namespace: str, group: str, entries: Sequence[OffsetEntry]
+        self, namespace: str, group: str, entries: Sequence[OffsetEntry], generation: int = -1
     ) -> asyncio.Future[None]:
         """Queue ``entries`` for the next transaction; the future resolves once it is
-        durable (or fails with the transaction's error)."""
+        durable, or fails with ``StaleGeneration`` if ``generation`` (>= 0) is older than the
+        group's stored one, or with the transaction's error."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         if not entries:
             future.set_result(None)
             return future
-        self._pending.append(_Pending(namespace, group, entries, future))
+        self._pending.append(_Pending(namespace, group, entries, generation, future))
         if self._writer is None or self._writer.done():
             self._writer = loop.create_task(self._write_loop(), name="group-offset-commits")
         return future
@@ -92,18 +111,28 @@ class GroupOffsetStore:
                 item = self._pending.popleft()
                 batch.append(item)
                 size += len(item.entries)
-            writes = [
-                (keys.GROUP_OFFSETS.pack(p.namespace, p.group, stream, partition), c.encode())
-                for p in batch
-                for stream, partition, c in p.entries
-            ]
 
-            def txn(tr: Transaction, writes: list[tuple[bytes, bytes]] = writes) -> None:
-                for key, value in writes:
-                    tr.set(key, value)
+            def txn(tr: Transaction, batch: list[_Pending] = batch) -> list[bool]:
+                """Write each commit whose generation is still current; which were."""
+                generations: dict[tuple[str, str], int] = {}
+                written = []
+                for p in batch:
+                    if p.generation >= 0:
+                        stored = generations.get((p.namespace, p.group))
+                        if stored is None:
+                            stored = _stored_generation(tr, p.namespace, p.group)
+                            generations[(p.namespace, p.group)] = stored
+                        if p.generation < stored:
+                            written.append(False)
+                            continue
+                    for stream, partition, c in p.entries:
+                        key = keys.GROUP_OFFSETS.pack(p.namespace, p.group, stream, partition)
+                        tr.set(key, c.encode())
+                    written.append(True)
+                return written
 
             try:
-                await self.meta.transact(txn)
+                written = await self.meta.transact(txn)
                 self.transactions += 1
             except Exception as exc:
                 log.warning("group offset commit failed: %s", exc)
@@ -111,15 +140,34 @@ class GroupOffsetStore:
                     if not p.future.done():
                         p.future.set_exception(exc)
                 continue
-            for p in batch:
-                if not p.future.done():
+            for p, ok in zip(batch, written, strict=True):
+                if p.future.done():
+                    continue
+                if ok:
                     p.future.set_result(None)
+                else:
+                    p.future.set_exception(StaleGeneration(f"{p.group}: generation {p.generation}"))
 
     async def close(self) -> None:
         """Wait for queued commits to be written."""
         if self._writer is not None:
             with contextlib.suppress(Exception):
                 await self._writer
+
+    # -- generations -------------------------------------------------------------------------
+
+    async def next_generation(self, namespace: str, group: str, current: int) -> int:
+        """Store and return the group's next generation: above ``current`` and above any
+        generation stored for it (by this or an earlier coordinator of the group), so two
+        coordinators never hand out the same one and every older commit is fenced."""
+        key = keys.GROUP_GENERATIONS.pack(namespace, group)
+
+        def txn(tr: Transaction) -> int:
+            generation = max(current, decode_int(tr.get(key))) + 1
+            tr.set(key, encode_int(generation))
+            return generation
+
+        return await self.meta.transact(txn)
 
     # -- read --------------------------------------------------------------------------------
 
@@ -185,4 +233,4 @@ class GroupOffsetStore:
             await self.meta.transact(lambda tr, b=begin, e=end: tr.clear_range(b, e))
 
 
-__all__ = ["CommittedOffset", "GroupOffsetStore", "OffsetEntry"]
+__all__ = ["CommittedOffset", "GroupOffsetStore", "OffsetEntry", "StaleGeneration"]

@@ -89,6 +89,11 @@ STREAM_HWM = Subspace(("s_hwm",))
 # (ns, group, stream, partition) -> committed offset + metadata of a consumer group.
 GROUP_OFFSETS = Subspace(("g_off",))
 
+# (ns, group) -> 8-byte int: the group's latest generation, stored by its coordinator before
+# the members learn it; an OffsetCommit of an older generation is refused in its write
+# transaction (group_offsets.py), so a deposed coordinator's delayed write cannot land.
+GROUP_GENERATIONS = Subspace(("g_gen",))
+
 # (ns, queue, shard, seq) -> body location of a ready message; sharded so appends do not all
 # hit one key range.
 QUEUE_READY = Subspace(("q_ready",))
@@ -150,6 +155,7 @@ ALL_SUBSPACES: dict[str, Subspace] = {
     "STREAM_INDEX": STREAM_INDEX,
     "STREAM_HWM": STREAM_HWM,
     "GROUP_OFFSETS": GROUP_OFFSETS,
+    "GROUP_GENERATIONS": GROUP_GENERATIONS,
     "QUEUE_READY": QUEUE_READY,
     "QUEUE_INFLIGHT": QUEUE_INFLIGHT,
     "QUEUE_DEAD": QUEUE_DEAD,

@@ -8,6 +8,13 @@ the group back to PreparingRebalance; members that do not rejoin within the reba
 timeout are dropped.  The coordinator only picks a protocol every member supports (range,
 roundrobin, cooperative-sticky … whatever the clients propose) and a leader; assignments are
 opaque bytes it passes on.  Committed offsets are not kept here (``GroupOffsetStore``).
+
+Generations come from the meta store (``store_generation``): a completed join stores the
+group's next generation there — above any another coordinator of the group handed out
+before it took over — and only then answers the JoinGroups, so no member of the new
+generation can read the committed offsets before a commit of an older generation (from a
+member that missed the rebalance, or from a deposed coordinator whose write was delayed) is
+refused by the commit's own transaction.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import asyncio
 import enum
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import flowmq_metrics as metrics
@@ -75,6 +82,9 @@ class Group:
     pending_members: set[str] = field(default_factory=set)
     timer: asyncio.TimerHandle | None = None
     delay_until: float = 0.0
+    # The task storing the group's next generation (a newer one supersedes it and waits
+    # for it first, so stores of one group run in order and numbers only grow).
+    advancing: asyncio.Task[None] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,10 +117,22 @@ def valid_group_id(group_id: str) -> bool:
     return True
 
 
+# (group id, its current generation) -> the next generation, once stored durably.
+StoreGeneration = Callable[[str, int], Awaitable[int]]
+
+
 class GroupCoordinator:
-    def __init__(self, *, initial_delay_s: float = INITIAL_REBALANCE_DELAY_S) -> None:
+    def __init__(
+        self,
+        *,
+        initial_delay_s: float = INITIAL_REBALANCE_DELAY_S,
+        store_generation: StoreGeneration | None = None,
+    ) -> None:
         self.initial_delay_s = initial_delay_s
+        # None: generations counted in memory only (unit tests of the state machine).
+        self.store_generation = store_generation
         self.groups: dict[str, Group] = {}
+        self._storing: set[asyncio.Task[None]] = set()
 
     # -- JoinGroup ----------------------------------------------------------------------------
 
@@ -262,8 +284,8 @@ class GroupCoordinator:
         if group.timer is not None:
             group.timer.cancel()
             group.timer = None
-        group.generation += 1
         if not group.members:
+            self._new_generation(group)
             group.state = GroupState.EMPTY
             group.protocol = group.leader = None
             group.protocol_type = None
@@ -272,11 +294,63 @@ class GroupCoordinator:
         if group.leader not in group.members:
             group.leader = next(iter(group.members))
         group.state = GroupState.COMPLETING_REBALANCE
+        self._new_generation(group, self._answer_joins)
+
+    def _answer_joins(self, group: Group) -> None:
         for m in group.members.values():
             fut, m.join_future = m.join_future, None
             self._touch(group, m)
             if fut is not None and not fut.done():
                 fut.set_result(self._join_result(group, m))
+
+    def _new_generation(self, group: Group, then: Callable[[Group], None] | None = None) -> None:
+        """Move ``group`` to its next generation, then call ``then`` (if the group is still
+        completing that rebalance).  With a generation store the number is stored first."""
+        if self.store_generation is None:
+            group.generation += 1
+            if then is not None:
+                then(group)
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._store_next_generation(group, group.advancing, then),
+            name=f"group-generation-{group.group_id}",
+        )
+        group.advancing = task
+        self._storing.add(task)
+        task.add_done_callback(self._storing.discard)
+
+    async def _store_next_generation(
+        self,
+        group: Group,
+        previous: asyncio.Task[None] | None,
+        then: Callable[[Group], None] | None,
+    ) -> None:
+        assert self.store_generation is not None
+        if previous is not None:
+            await asyncio.wait([previous])  # its number first: ours must be above it
+        try:
+            generation = await self.store_generation(group.group_id, group.generation)
+        except Exception as exc:
+            log.warning("group %s: cannot store its next generation: %s", group.group_id, exc)
+            generation = None
+        if self.groups.get(group.group_id) is not group:
+            return  # forgotten or shut down meanwhile
+        if generation is not None:
+            group.generation = max(group.generation, generation)
+        if group.advancing is not asyncio.current_task():
+            return  # a newer rebalance stores its own generation
+        group.advancing = None
+        if then is None or group.state is not GroupState.COMPLETING_REBALANCE:
+            return
+        if generation is not None:
+            then(group)
+            return
+        # Not stored (meta store unreachable): the members must join again.
+        for m in group.members.values():
+            fut, m.join_future = m.join_future, None
+            if fut is not None and not fut.done():
+                fut.set_result(JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE))
+        self._prepare_rebalance(group, "its generation could not be stored")
 
     @staticmethod
     def _select_protocol(group: Group) -> str:
@@ -307,6 +381,8 @@ class GroupCoordinator:
         member = group.members.get(member_id) if group is not None else None
         if group is None or member is None:
             return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
+        if group.advancing is not None:
+            return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
         if generation != group.generation:
             return SyncResult(ErrorCode.ILLEGAL_GENERATION)
         if (protocol_type is not None and protocol_type != group.protocol_type) or (
@@ -350,7 +426,7 @@ class GroupCoordinator:
         if generation != group.generation:
             return ErrorCode.ILLEGAL_GENERATION
         self._touch(group, member)
-        if group.state is GroupState.PREPARING_REBALANCE:
+        if group.state is GroupState.PREPARING_REBALANCE or group.advancing is not None:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
@@ -397,14 +473,15 @@ class GroupCoordinator:
                 group.timer.cancel()
                 group.timer = None
             if group.state is not GroupState.EMPTY:
-                group.generation += 1
+                self._new_generation(group)
             group.state = GroupState.EMPTY
             group.protocol = group.leader = group.protocol_type = None
             return
-        if group.state is GroupState.PREPARING_REBALANCE:
-            self._maybe_complete_join(group)
-        else:
+        if group.state is not GroupState.PREPARING_REBALANCE:
             self._prepare_rebalance(group, reason)
+        # Members still waiting in JoinGroup (their generation was being stored) count as
+        # rejoined: with no one else missing, the rebalance completes now.
+        self._maybe_complete_join(group)
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -440,7 +517,7 @@ class GroupCoordinator:
             if generation < 0:
                 return ErrorCode.NONE
             return ErrorCode.ILLEGAL_GENERATION if group is None else ErrorCode.UNKNOWN_MEMBER_ID
-        if group.state is GroupState.COMPLETING_REBALANCE:
+        if group.state is GroupState.COMPLETING_REBALANCE or group.advancing is not None:
             return ErrorCode.REBALANCE_IN_PROGRESS
         member = group.members.get(member_id)
         if member is None:
@@ -464,6 +541,8 @@ class GroupCoordinator:
     def shutdown(self) -> None:
         """Stop timers; members waiting in Join/Sync are told to find the coordinator
         again (another broker takes over)."""
+        for task in self._storing:
+            task.cancel()
         for group in self.groups.values():
             if group.timer is not None:
                 group.timer.cancel()

@@ -1,6 +1,7 @@
 """OffsetCommit and OffsetFetch: committed offsets in the meta store (``GroupOffsetStore``),
 acknowledged once the batched transaction holding them is durable; who may commit is the
-group coordinator's call."""
+group coordinator's call, and the write transaction checks the commit's generation again
+against the group's stored one (ILLEGAL_GENERATION if the group rebalanced meanwhile)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from flowmq_broker.kafka.coordinator import valid_group_id
 from flowmq_broker.kafka.topics import partition_count
 from flowmq_core.acl import CONSUME, DESCRIBE, GROUP, STREAM
 from flowmq_core.message import now_ms
-from flowmq_meta.group_offsets import CommittedOffset
+from flowmq_meta.group_offsets import CommittedOffset, StaleGeneration
 from flowmq_wire.kafka import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -85,12 +86,20 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
 
     if not entries:
         return build(ErrorCode.NONE)
-    written = server.offsets.commit(ctx.tenant.namespace, req.group_id, entries)
+    written = server.offsets.commit(
+        ctx.tenant.namespace, req.group_id, entries, req.generation_id_or_member_epoch
+    )
     answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def done(fut: asyncio.Future[None]) -> None:
-        failed = fut.cancelled() or fut.exception() is not None
-        answer.set_result(build(ErrorCode.COORDINATOR_NOT_AVAILABLE if failed else ErrorCode.NONE))
+        error = ErrorCode.NONE
+        if fut.cancelled():
+            error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        elif isinstance(fut.exception(), StaleGeneration):
+            error = ErrorCode.ILLEGAL_GENERATION
+        elif fut.exception() is not None:
+            error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        answer.set_result(build(error))
 
     written.add_done_callback(done)
     return answer

@@ -72,8 +72,8 @@ class KafkaServer:
         self.cluster = ClusterView(
             services.node_id, services.nodes, advertised_host=config.advertised_host
         )
-        self.tenants = Tenants(services, self._forget_topic)
         self.offsets = GroupOffsetStore(services.meta)
+        self.tenants = Tenants(services, self._forget_topic, self.offsets)
         self.producers = ProducerStates(services.meta)
         self.apis: dict[int, ApiSpec] = {
             key: ApiSpec(key, low, high, handler) for key, low, high, handler in API_TABLE

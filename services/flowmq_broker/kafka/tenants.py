@@ -26,6 +26,7 @@ from flowmq_broker.kafka.coordinator import GroupCoordinator
 from flowmq_broker.kafka.topics import TopicManager
 from flowmq_broker.services import BrokerServices
 from flowmq_meta.catalog import DEFAULT_NAMESPACE
+from flowmq_meta.group_offsets import GroupOffsetStore
 
 # Called with (namespace, topic name) after a topic was deleted: forget per-topic state.
 TopicDeleted = Callable[[str, str], Awaitable[None]]
@@ -44,9 +45,16 @@ class KafkaTenant:
 class Tenants:
     """The listener's tenants by namespace, made on first use."""
 
-    def __init__(self, services: BrokerServices, on_topic_deleted: TopicDeleted) -> None:
+    def __init__(
+        self,
+        services: BrokerServices,
+        on_topic_deleted: TopicDeleted,
+        offsets: GroupOffsetStore | None = None,
+    ) -> None:
         self._services = services
         self._on_topic_deleted = on_topic_deleted
+        # Where the group coordinators store generations (None: in memory only).
+        self._offsets = offsets
         self._by_namespace: dict[str, KafkaTenant] = {}
         self.default = self.get(DEFAULT_NAMESPACE)
 
@@ -60,7 +68,14 @@ class Tenants:
                 await self._on_topic_deleted(namespace, name)
 
             topics.on_deleted.append(forget)
-            tenant = KafkaTenant(namespace, topics, GroupCoordinator())
+            store = None
+            if self._offsets is not None:
+                offsets = self._offsets
+
+                def store(group: str, current: int) -> Awaitable[int]:
+                    return offsets.next_generation(namespace, group, current)
+
+            tenant = KafkaTenant(namespace, topics, GroupCoordinator(store_generation=store))
             self._by_namespace[namespace] = tenant
         return tenant
 

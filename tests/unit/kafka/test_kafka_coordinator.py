@@ -125,3 +125,71 @@ async def test_shutdown_sends_waiting_members_elsewhere() -> None:
     pending = join(c)
     c.shutdown()
     assert (await pending).error == ErrorCode.NOT_COORDINATOR
+
+
+async def test_members_learn_a_generation_only_once_it_is_stored() -> None:
+    """With a generation store (the meta store's), a completed join is answered only after
+    the new generation is durable, and it continues from the stored one (another
+    coordinator's), not from this coordinator's memory."""
+    stored = {"g": 6}
+    storing, release = asyncio.Event(), asyncio.Event()
+
+    async def store_generation(group: str, current: int) -> int:
+        storing.set()
+        await release.wait()
+        stored[group] = max(current, stored.get(group, 0)) + 1
+        return stored[group]
+
+    c = GroupCoordinator(initial_delay_s=0.01, store_generation=store_generation)
+    pending = join(c)
+    await asyncio.wait_for(storing.wait(), 5)  # the join completed: storing its generation
+    assert not pending.done()
+    assert c.groups["g"].state is GroupState.COMPLETING_REBALANCE
+    assert c.check_commit("g", 0, "anyone") == ErrorCode.REBALANCE_IN_PROGRESS
+    release.set()
+    (result,) = await joined(pending)
+    assert result.error == ErrorCode.NONE and result.generation == 7 == stored["g"]
+    await synced(c, 7, result.member_id, leader=result.member_id)
+    assert c.check_commit("g", 7, result.member_id) == ErrorCode.NONE
+
+
+async def test_a_join_whose_generation_cannot_be_stored_is_refused() -> None:
+    async def unreachable(group: str, current: int) -> int:
+        raise RuntimeError("meta store down")
+
+    c = GroupCoordinator(initial_delay_s=0.01, store_generation=unreachable)
+    (result,) = await joined(join(c))
+    assert result.error == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert c.groups["g"].state is GroupState.PREPARING_REBALANCE
+    c.shutdown()
+
+
+async def test_a_member_leaving_while_the_generation_is_stored_rebalances_the_rest_at_once():
+    storing, release = asyncio.Event(), asyncio.Event()
+    stored = 0
+
+    async def store_generation(group: str, current: int) -> int:
+        nonlocal stored
+        storing.set()
+        await release.wait()
+        stored = max(current, stored) + 1
+        return stored
+
+    c = GroupCoordinator(initial_delay_s=0.01, store_generation=store_generation)
+    first = join(c, rebalance_ms=60_000)
+    await asyncio.wait_for(storing.wait(), 5)
+    release.set()
+    (ra,) = await joined(first)
+    await synced(c, ra.generation, ra.member_id, leader=ra.member_id)
+    release.clear()
+    storing.clear()
+    second = join(c, rebalance_ms=60_000)
+    again = join(c, ra.member_id, rebalance_ms=60_000)
+    await asyncio.wait_for(storing.wait(), 5)  # both joined: generation 2 being stored
+    rb_id = next(m for m in c.groups["g"].members if m != ra.member_id)
+    assert c.leave("g", [rb_id]) == [ErrorCode.NONE]
+    release.set()
+    (left, rejoined) = await asyncio.wait_for(asyncio.gather(second, again), 5)
+    assert left.error == ErrorCode.UNKNOWN_MEMBER_ID
+    assert rejoined.error == ErrorCode.NONE and rejoined.generation == 3  # not after 60 s
+    c.shutdown()

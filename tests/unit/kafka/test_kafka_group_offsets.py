@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from flowmq_meta import MetaStore, open_meta_store
-from flowmq_meta.group_offsets import CommittedOffset, GroupOffsetStore
+from flowmq_meta.group_offsets import CommittedOffset, GroupOffsetStore, StaleGeneration
 
 
 class SlowMeta(MetaStore):
@@ -69,4 +69,30 @@ async def test_a_failed_transaction_fails_its_commits_only() -> None:
     await store.commit("default", "g", [("s", 0, CommittedOffset(6))])
 
     assert (await store.fetch("default", "g"))[("s", 0)].offset == 6
+    await meta.close()
+
+
+async def test_a_commit_of_a_generation_older_than_the_stored_one_is_refused(tmp_path) -> None:
+    """Two coordinators of one group on one meta store (the deposed one's write delayed):
+    generations never repeat, and the older generation's commit cannot land after the
+    newer one's, while unfenced commits (generation -1) are written as before."""
+    meta = open_meta_store(f"sqlite:///{tmp_path / 'meta.db'}")
+    deposed, successor = GroupOffsetStore(meta), GroupOffsetStore(meta)
+    first = await deposed.next_generation("default", "g", 0)
+    assert first == 1
+    await deposed.commit("default", "g", [("s", 0, CommittedOffset(100))], first)
+    # The successor's in-memory group starts at 0: its generation continues from the store.
+    second = await successor.next_generation("default", "g", 0)
+    assert second == 2
+    await successor.commit("default", "g", [("s", 0, CommittedOffset(200))], second)
+    late = deposed.commit("default", "g", [("s", 0, CommittedOffset(50))], first)
+    current = deposed.commit("default", "g", [("s", 1, CommittedOffset(7))], second)
+    other_group = deposed.commit("default", "h", [("s", 0, CommittedOffset(9))], first)
+    results = await asyncio.gather(late, current, other_group, return_exceptions=True)
+    assert isinstance(results[0], StaleGeneration)
+    assert results[1:] == [None, None]  # one batch: only the stale commit was refused
+    got = await successor.fetch("default", "g")
+    assert got[("s", 0)].offset == 200 and got[("s", 1)].offset == 7
+    await deposed.commit("default", "g", [("s", 0, CommittedOffset(300))])  # unfenced
+    assert (await successor.fetch("default", "g"))[("s", 0)].offset == 300
     await meta.close()

@@ -4,18 +4,26 @@ round with a window of 1, the whole window of 20 with 20), or paused (SIGSTOP) p
 failure detector and resumed: the node is declared dead, a survivor adopts the session, and
 the resumed node must neither resume it as its own nor make the adopter drop it (a publisher
 window PUBACKed just after the SIGCONT was lost: the session was on no node, so the messages
-matched no route)."""
+matched no route), or killed and restarting while the others declare it dead (they must keep
+its routes, refusing, until they see its new process)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+from paho.mqtt import publish
 
 from benchmarks import chaos
+from flowmq_meta import keys
+from flowmq_meta.sqlite import SqliteMetaStore
+from tests.fixtures.cluster import cluster_size
 from tests.fixtures.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -91,3 +99,86 @@ def test_acknowledged_messages_reach_a_subscriber_whose_node_was_paused(tmp_path
     # publisher's node forwarding to the survivor that adopts the session.
     missing, acked = _missing_after_faults(tmp_path, level, ("n1", "n2", "n3"), "n3", "n1", _pause)
     assert not missing, f"{len(missing)} of {acked} acknowledged never arrived: {missing[:20]}"
+
+
+async def _restart_writes(meta_path: Path, node: str, *, records: bool, token: bool) -> None:
+    """What a restarting broker writes first: its session records marked as its new process's
+    (``MqttServer.restore_sessions``), a new start token for its routes, which stay while it
+    restores those sessions (``ClusterRouting.start``)."""
+    store = SqliteMetaStore(str(meta_path))
+    begin, end = keys.SESSIONS.range()
+
+    def write(tr) -> None:  # noqa: ANN001
+        if records:
+            for key, raw in tr.get_range(begin, end):
+                record = json.loads(raw)
+                if record.get("node") == node:
+                    tr.set(key, json.dumps({**record, "process": "restarting"}).encode())
+        if token:
+            version = json.dumps({"token": "restarting", "seq": 0}).encode()
+            tr.set(keys.ROUTE_VERSIONS.pack(node), version)
+
+    try:
+        await store.transact(write)
+    finally:
+        await store.close()
+
+
+def test_messages_published_while_a_dead_node_restarts_are_refused_not_lost(tmp_path) -> None:
+    """The subscriber's node is killed, and its restart marks its session records and writes
+    its new start token just as the others declare it dead, before gossip sees the new
+    process: the survivor (which had not read that token yet) took it for routes cleared by
+    an adopter and forgot the node's routes, although no one adopted the session (its record
+    names the new process).  What was published meanwhile matched no route and was PUBACKed
+    without being stored (the chaos run at 761f369 lost two publisher windows so).  The test
+    makes those two writes itself, to hold the order that was a race; then the node really
+    restarts and its subscriber resumes the session there."""
+    cluster = chaos.ChaosCluster(tmp_path, chaos.FileObjects(tmp_path))
+    stop_publishing, stop_receiving = threading.Event(), threading.Event()
+    flow = chaos.Flow()
+    try:
+        for name in chaos.NODES:
+            cluster.start(name)
+        chaos._wait_cluster(cluster)
+        subscriber = chaos.MqttSubscriberLoad(
+            cluster.nodes["n3"], flow, stop_receiving, "focus/#", 5
+        )
+        publisher = chaos.MqttPublisherLoad(
+            cluster.nodes["n2"], flow, stop_publishing, "focus/x", 5
+        )
+        subscriber.start()
+        wait_until(lambda: subscriber.subscribed, 15, what="subscribed")
+        publisher.start()
+        wait_until(lambda: len(flow.acked) > 40, 60, what="acks")
+        # n1, the lowest node, which adopts the sessions of a dead node, forwards to n3 once:
+        # it knows n3's process, and so adopts no session a new process of n3 marked.
+        publish.single("focus/from-n1", b"n1", qos=1, port=cluster.nodes["n1"].port("mqtt"))
+        cluster.kill("n3")
+        asyncio.run(_restart_writes(cluster.meta_path, "n3", records=True, token=False))
+        survivor = cluster.nodes["n2"].process
+        wait_until(lambda: cluster_size(survivor) == 2, 30, what="n3 declared dead")
+        asyncio.run(_restart_writes(cluster.meta_path, "n3", records=False, token=True))
+
+        def answered() -> int:  # acknowledged, or refused (and sent again)
+            return len(flow.acked) + sum(flow.errors.values())
+
+        # Past the survivors' anti-entropy (every second), which forgot n3's routes.
+        before = answered()
+        wait_until(lambda: answered() > before + 100, 60, what="publishes answered")
+        cluster.start("n3")
+        acked = len(flow.acked)
+        wait_until(lambda: len(flow.acked) > acked + 40, 60, what="acks after the restart")
+        stop_publishing.set()
+        publisher.join(60)
+        deadline = time.monotonic() + 30
+        while flow.acked - set(flow.received) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        stop_publishing.set()
+        stop_receiving.set()
+        cluster.stop()
+        (tmp_path / "brokers.log").write_text(cluster.output())
+    missing = sorted(flow.acked - set(flow.received))
+    assert not missing, (
+        f"{len(missing)} of {len(flow.acked)} acknowledged never arrived: {missing[:20]}"
+    )

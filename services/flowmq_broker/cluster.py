@@ -639,6 +639,7 @@ class ClusterRouting:
         if version is None:
             self._forget_dead(node)
             return
+        log.info("node %s restarted: its routes are refused until it is seen alive", node)
         self._set_node_routes(node, routes)
         self._dead[node] = version["token"]
 

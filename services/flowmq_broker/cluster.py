@@ -592,21 +592,27 @@ class ClusterRouting:
             task.add_done_callback(lambda _: self._reloading.pop(node, None))
         return task
 
-    async def _reload(self, node: str) -> None:
+    async def _read_routes(self, node: str) -> tuple[dict[str, Any] | None, set[Any]]:
+        """``node``'s route version (None: it has none) and routes, as the meta store has
+        them now."""
         begin, end = keys.ROUTES.range(node)
         version_key = keys.ROUTE_VERSIONS.pack(node)
 
         def read(tr: Any) -> tuple[bytes | None, list[tuple[bytes, bytes]]]:
             return tr.get(version_key), tr.get_range(begin, end)
 
+        raw, rows = await self.meta.transact(read)
+        version = json.loads(raw) if raw is not None else None
+        return version, {tuple(keys.ROUTES.unpack(key)[1:]) for key, _ in rows}
+
+    async def _reload(self, node: str) -> None:
         try:
-            raw, rows = await self.meta.transact(read)
+            version, routes = await self._read_routes(node)
         except Exception:
             log.exception("could not read the routes of %s", node)
             return
         if node not in self._live:
             return
-        version = json.loads(raw) if raw is not None else None
         applied = self._applied.get(node)
         if (
             version is not None
@@ -615,10 +621,27 @@ class ClusterRouting:
             and applied[1] > version["seq"]
         ):
             return  # an update pushed while we read is newer than what we read
-        routes = {tuple(keys.ROUTES.unpack(key)[1:]) for key, _ in rows}
-        self._set_node_routes(node, routes)  # type: ignore[arg-type]
+        self._set_node_routes(node, routes)
         if version is not None:
             self._applied[node] = (version["token"], version["seq"])
+
+    async def _restarted_while_dead(self, node: str) -> None:
+        """``node``, dead to us, has started again (a new start token) and is not seen alive
+        yet.  Its routes in the meta store are its new process's now: those of the previous
+        one, kept while it restores their persistent sessions (``start``), and what it added
+        since.  They are kept as a dead node's, refusing, until it is seen alive (read afresh
+        then) or a survivor clears them.  Forgotten instead (taken for routes a survivor
+        cleared), a QoS 1 message for a session being restored there matched no route and
+        was acknowledged without being stored on any node."""
+        version, routes = await self._read_routes(node)
+        if node in self._live or node not in self._dead:
+            return  # seen alive meanwhile (its routes are read afresh), or forgotten
+        if version is None:
+            self._forget_dead(node)
+            return
+        log.info("node %s restarted: its routes are refused until it is seen alive", node)
+        self._set_node_routes(node, routes)
+        self._dead[node] = version["token"]
 
     async def anti_entropy(self) -> None:
         """Compare every live peer's route version with the applied one; reload what moved."""
@@ -634,8 +657,10 @@ class ClusterRouting:
             await self._rejoin()
         for node, token in list(self._dead.items()):
             version = versions.get(node)
-            if version is None or (token is not None and version["token"] != token):
+            if version is None:
                 self._forget_dead(node)  # adopted and cleared by a survivor
+            elif token is not None and version["token"] != token:
+                await self._restarted_while_dead(node)
         missed = 0
         for node, version in versions.items():
             if node == self.node_id or node not in self._live:

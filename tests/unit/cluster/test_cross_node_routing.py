@@ -213,6 +213,35 @@ async def test_a_qos1_message_for_a_dead_nodes_route_is_refused_until_it_is_adop
         await confirmed
 
 
+async def test_a_dead_node_that_restarted_keeps_refusing_until_it_is_seen_alive(nodes):
+    """c was declared dead and restarted: its new process's start token is in the meta store
+    (with the routes it keeps while it restores its persistent sessions) before gossip tells
+    b that c is alive again.  b's anti-entropy took the new token for "adopted and cleared
+    by a survivor" and forgot c's routes: a QoS 1 message for a session c was restoring
+    matched no route and was acknowledged without being stored on any node (the chaos run
+    at 761f369 lost two publisher windows so, just after c's restart)."""
+    a, b, c, meta = nodes
+    await routed(c.subscribe("c1", "d/#"))
+    await c.cluster.links.stop()  # c is killed
+    b.cluster.node_gone("c")  # b knows; a, the lowest, adopts nothing: c restarts first
+    restarted = Node("c", meta)
+    restarted.port = await restarted.cluster.start(0, restarted.router)  # a new start token
+    try:
+        await b.cluster.anti_entropy()  # before gossip says c is alive again
+        _, confirmed = b.cluster.forward("default", Message("d/x", b"1", qos=1), frozenset())
+        assert confirmed is not None, "acknowledged without being stored anywhere"
+        with pytest.raises(NotStored):
+            await confirmed
+        # Seen alive: its routes are read afresh, and forwards go to its new process.
+        everyone = [("a", "127.0.0.1", a.port), ("b", "127.0.0.1", b.port)]
+        b.cluster.set_members([*everyone, ("c", "127.0.0.1", restarted.port)])
+        await b.cluster._reload_soon("c")
+        assert b.cluster._applied["c"][0] == restarted.cluster.token
+        assert b.cluster.nodes_matching("default", "d/x") == {"c"}
+    finally:
+        await restarted.cluster.stop()
+
+
 def test_messages_survive_the_link_encoding():
     message = Message(
         "t/1",

@@ -309,6 +309,8 @@ class Flow:
     received: Counter = field(default_factory=Counter)
     lock: threading.Lock = field(default_factory=threading.Lock)
     errors: Counter = field(default_factory=Counter)
+    # Errors that ended a client for good (librdkafka's fatal errors), with their reason.
+    fatal: list[str] = field(default_factory=list)
 
     def ack(self, ident: str) -> None:
         with self.lock:
@@ -339,8 +341,13 @@ class KafkaProducerLoad(Worker):
         self.bootstrap = ",".join(f"127.0.0.1:{n.port('kafka')}" for n in cluster.nodes.values())
         self.sent = 0
 
-    def run(self) -> None:
-        producer = Producer(
+    def _producer(self) -> Producer:
+        def on_error(err: Any) -> None:
+            if err.fatal():
+                self.flow.fatal.append(err.str())
+                print(f"kafka producer: fatal error: {err.str()}", flush=True)
+
+        return Producer(
             {
                 "bootstrap.servers": self.bootstrap,
                 "enable.idempotence": True,
@@ -351,8 +358,12 @@ class KafkaProducerLoad(Worker):
                 "topic.metadata.refresh.interval.ms": 2000,
                 "reconnect.backoff.max.ms": 1000,
                 "logger": quiet,
+                "error_cb": on_error,
             }
         )
+
+    def run(self) -> None:
+        producer = self._producer()
         retry: list[str] = []
 
         def delivered(err: Any, msg: Any) -> None:
@@ -376,6 +387,15 @@ class KafkaProducerLoad(Worker):
                     producer.produce(KAFKA_STREAM, ident.encode(), on_delivery=delivered)
                 except BufferError:
                     retry.append(ident)
+                except KafkaException as exc:
+                    if not exc.args[0].fatal():
+                        raise
+                    # As an application would: what it had in flight fails (resent below, as
+                    # unacknowledged), and a new producer (a new producer id) goes on.
+                    retry.append(ident)
+                    producer.purge()
+                    producer.poll(0)
+                    producer = self._producer()
             producer.poll(len(idents) / KAFKA_RATE)
         producer.flush(30)
         # What never got through is not acknowledged: resend it once the faults are over.
@@ -988,6 +1008,9 @@ def check(
     mqtt_log = read_stream(cluster, MQTT_STREAM, 1)
     kafka_report = _flow_report(kafka, t0, kafka_log)
     kafka_report["lost_from_log"] = len(kafka.acked - set(kafka_log))
+    # Not a loss (what it had in flight is resent by a new producer), but a client a user
+    # would see die: reported, not yet failed on (issue #11).
+    kafka_report["producer_fatal_errors"] = list(kafka.fatal)
     # The idempotent producer writes each record once; only one produced again after a
     # failed delivery may be in the log twice.
     kafka_report["log_duplicates_not_resent"] = sum(
@@ -1055,7 +1078,8 @@ def summary(report: dict[str, Any]) -> str:
         f"(log {report['kafka']['lost_from_log']}), log duplicates of records produced once "
         f"{report['kafka']['log_duplicates_not_resent']}, consumer duplicates "
         f"{report['kafka']['duplicates_received']}, offsets backwards "
-        f"{len(report['kafka']['offsets_backwards'])}",
+        f"{len(report['kafka']['offsets_backwards'])}, producer fatal errors "
+        f"{len(report['kafka']['producer_fatal_errors'])}",
         f"mqtt: {mqtt['acknowledged']} acknowledged, lost {mqtt['lost']} (stream "
         f"{mqtt['stream']['lost']}; subscribers "
         + ", ".join(f"{n}: {s['lost']} of {s['acknowledged']}" for n, s in subs.items())

@@ -376,12 +376,18 @@ class MqttServer:
             session = Session.from_record(record, namespace)
             self.install_session(session)  # held (and routed) here before the record says so
             if owner != me:
+                session.adopted = True
                 adopted.append((session, owner))
             restored += 1
-        for session, owner in adopted:  # the records are ours now, unless taken meanwhile
-            holder = await self._store_record(
-                session, taking_from=owner, taking_process=dead_process
-            )
+        for i, (session, owner) in enumerate(adopted):  # ours now, unless taken meanwhile
+            try:
+                holder = await self._store_record(
+                    session, taking_from=owner, taking_process=dead_process
+                )
+            except BaseException:  # not known to be ours: their owners' kicks end them
+                for unstored, _ in adopted[i:]:
+                    unstored.adopted = False
+                raise
             if holder is not None:
                 log.info(
                     "mqtt %s: not adopted: its node restarted, or another took it",
@@ -519,6 +525,14 @@ class MqttServer:
         clean = bool(rest and rest[0])
         session = self.sessions.get((namespace, client_id))
         if session is None:
+            return None
+        if not want_state and not clean and session.adopted and session.connection is None:
+            # A kick from a node that resumed the session on its record as it was before this
+            # node adopted it (a paused node's, read just before the adoption wrote it): that
+            # node finds the record ours when it stores its own and lets go.  Ended here too,
+            # it was on no node, and what was published meanwhile matched no route and was
+            # acknowledged without being stored.
+            log.info("mqtt %s: adopted here, kept (a stale takeover)", client_id)
             return None
         if session.connection is not None:
             session.connection.take_over()

@@ -122,6 +122,9 @@ class Session:
         # The offline store's queue name, made at the first store (offline.py): one string
         # for all of them, not one per store waiting for its flush.
         self.store_name: str | None = None
+        # Taken from another node's record (adopted, ``MqttServer.restore_sessions``): a kick
+        # from a node that resumed it on that record as it was before is stale, not obeyed.
+        self.adopted = False
 
     @property
     def online(self) -> bool:

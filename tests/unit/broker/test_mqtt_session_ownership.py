@@ -73,3 +73,29 @@ async def test_a_node_does_not_store_a_session_record_another_node_adopted() -> 
     session.expiry_interval = 300
     assert not await c.save_session(session)
     assert await b.owns_session(*KEY) and not await c.owns_session(*KEY)
+
+
+async def test_a_survivor_keeps_a_session_it_adopts_when_a_stale_kick_comes_meanwhile() -> None:
+    """c, resumed after a pause, resumes its session because its record still names c (read
+    just before b's adoption writes it) and kicks the others; the kick reaches b while b
+    writes the record as its own, or just after.  b must keep the session: c finds the record
+    b's when it stores its own and lets go, so if b dropped it too no node held it, and what
+    was published meanwhile matched no route and was acknowledged without being stored (the
+    pause test lost 5 messages so under load)."""
+    meta = MemoryMetaStore()
+    c, b = broker("c", meta), broker("b", meta)
+    await persistent_session(c)
+    kick = ["default", "k", False, False]  # ``MqttServer.kick``: no state wanted, not clean
+    store_record = b._store_record
+
+    async def kicked_while_storing(session: Session, **options: object) -> str | None:
+        b._on_takeover(kick)  # c's kick arrives while b's adoption writes the record
+        return await store_record(session, **options)
+
+    b._store_record = kicked_while_storing  # type: ignore[method-assign]
+    assert await b.restore_sessions("c", c.process) == 1
+    b._on_takeover(kick)  # …or just after
+    assert KEY in b.sessions and await b.owns_session(*KEY)
+    resumed = Session("k", "default")
+    resumed.expiry_interval = 300
+    assert not await c.save_session(resumed)  # c lets go: the session is b's

@@ -364,6 +364,7 @@ class MqttServer:
         rows = await self.meta.transact(read)
         restored = 0
         adopted: list[tuple[Session, str]] = []
+        not_adopted = 0
         for key, raw in rows:
             namespace, _ = keys.SESSIONS.unpack(key)
             record = json.loads(raw)
@@ -398,9 +399,11 @@ class MqttServer:
                 if self.sessions.get((session.namespace, session.client_id)) is session:
                     self.discard_session(session, forget=False, redistribute=False)
                 restored -= 1
+                not_adopted += 1
         if adopted:
             log.info(
-                "mqtt: %d persistent sessions of %s adopted",
+                "mqtt: %d of %d persistent sessions of %s adopted",
+                len(adopted) - not_adopted,
                 len(adopted),
                 dead if dead is not None else "nodes no longer running",
             )

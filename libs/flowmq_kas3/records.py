@@ -441,35 +441,16 @@ def encode_message(msg: MessageLike) -> bytes:
 
 def encode_messages(messages: Iterable[MessageLike], *, compression: int = CODEC_NONE) -> bytes:
     """A v2 batch of routed MQTT/AMQP messages: canonical topic as header ``flowmq.topic``,
-    then the message's own headers (user properties) in order."""
-    if compression != CODEC_NONE:
-        records: list[NewRecord] = []
-        for msg in messages:
-            headers: list[tuple[str, bytes | None]] = [(TOPIC_HEADER, msg.topic.encode())]
-            headers.extend(msg.headers)
-            records.append((msg.key, msg.payload, headers, msg.timestamp_ms))
-        return build_batch(records, compression=compression)
-    parts: list[bytes] = [b""]
-    count = 0
-    first_ts = max_ts = 0
+    then the message's own headers (user properties) in order.  (One message without user
+    properties, the Stream destination's hot path, is ``encode_message``.)"""
+    records: list[NewRecord] = []
     for msg in messages:
-        timestamp = msg.timestamp_ms
-        if count == 0:
-            first_ts = max_ts = timestamp
-        elif timestamp > max_ts:
-            max_ts = timestamp
-        record: list[bytes] = []
-        _append_field(record, msg.key)
-        _append_field(record, msg.payload)
-        record.append(_varint(1 + len(msg.headers)))
-        record.append(_topic_header(msg.topic))
-        for name, value in msg.headers:
-            _append_header(record, name, value)
-        _append_record(parts, record, count, timestamp - first_ts)
-        count += 1
-    if count == 0:
+        headers: list[tuple[str, bytes | None]] = [(TOPIC_HEADER, msg.topic.encode())]
+        headers.extend(msg.headers)
+        records.append((msg.key, msg.payload, headers, msg.timestamp_ms))
+    if not records:
         raise InvalidRecordBatch("a record batch needs at least one record")
-    return _close_batch(parts, count, first_ts, max_ts)
+    return build_batch(records, compression=compression)
 
 
 # -- decoding --------------------------------------------------------------------------------

@@ -87,6 +87,11 @@ class Forwarder(Protocol):
         ...
 
 
+# A topic's route resolved for a run of messages (``Router.dispatch_plan``): its bindings and the
+# (destination type, binding) pairs to hand each message to.
+DispatchPlan = tuple[frozenset[Binding], list[tuple[DestinationType, Binding]]]
+
+
 class Router:
     """Routes a canonical topic to the bindings whose filters match it."""
 
@@ -194,6 +199,24 @@ class Router:
         published.inc(messages)
         if dispatched:
             dispatched_count.inc(dispatched)
+
+    def dispatch_plan(self, namespace: str, topic: str) -> DispatchPlan | None:
+        """What ``dispatch`` does with a message on ``topic``, resolved once for a run of
+        them: the bindings and their destination types, each message then handed to each
+        type's ``accept_from``.  None when every message must go through ``dispatch``:
+        other nodes may want it, or a destination type this broker does not serve (whose
+        refusal ``dispatch`` raises)."""
+        forwarder = self.forwarder
+        if forwarder is not None and forwarder.remote:
+            return None
+        bindings = self.match(namespace, topic)
+        targets = []
+        for binding in bindings:
+            dest_type = self._types.get(binding.type)
+            if dest_type is None:
+                return None
+            targets.append((dest_type, binding))
+        return bindings, targets
 
     def destination_type(self, binding: Binding) -> DestinationType | None:
         """What serves ``binding`` here (None: a type this broker does not serve)."""

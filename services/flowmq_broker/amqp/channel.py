@@ -29,7 +29,7 @@ from flowmq_broker.amqp.errors import AmqpError, ChannelError, ConnectionError_
 from flowmq_broker.amqp.link import Link
 from flowmq_broker.amqp.state import AmqpState
 from flowmq_broker.amqp.topology import Topology
-from flowmq_broker.routing import Binding, DestinationType, DestinationUnavailable
+from flowmq_broker.routing import DestinationUnavailable, DispatchPlan
 from flowmq_core.acl import CONSUME, QUEUE
 from flowmq_core.errors import FlowMQError
 from flowmq_queue.errors import QueueFull
@@ -259,7 +259,7 @@ class Channel:
         """Whole publishes (``fr.FRAME_PUBLISH``) in order: each exchange and routing key
         checked, and each topic matched, once per run; the counters counted once."""
         max_size = self.shared.limits.max_message_bytes
-        routes: dict[tuple[str, str], tuple[str | None, _Plan | None]] = {}
+        routes: dict[tuple[str, str], tuple[str | None, DispatchPlan | None]] = {}
         count = size = 0
         self._planned = [0, 0]
         try:
@@ -273,7 +273,12 @@ class Channel:
                 route = routes.get(key)
                 if route is None:
                     topic = self._route(exchange, routing_key)
-                    route = routes[key] = (topic, None if topic is None else self._plan(topic))
+                    plan = (
+                        None
+                        if topic is None
+                        else self.shared.router.dispatch_plan(self.conn.namespace, topic)
+                    )
+                    route = routes[key] = (topic, plan)
                 count += 1
                 size += n
                 self._publish(exchange, routing_key, bits & 1, props, body, *route)
@@ -284,23 +289,6 @@ class Channel:
             messages_routed, deliveries = self._planned
             if messages_routed:
                 self.shared.router.count_published(self.conn.namespace, messages_routed, deliveries)
-
-    def _plan(self, topic: str) -> _Plan | None:
-        """Where ``topic`` goes from here, for a run: (bindings, their destination types);
-        None when the router must see each message (other nodes may want it, or a
-        destination type this broker does not serve: its dispatch refuses)."""
-        router = self.shared.router
-        forwarder = router.forwarder
-        if forwarder is not None and forwarder.remote:
-            return None
-        bindings = router.match(self.conn.namespace, topic)
-        targets = []
-        for binding in bindings:
-            dest_type = router.destination_type(binding)
-            if dest_type is None:
-                return None
-            targets.append((dest_type, binding))
-        return bindings, targets
 
     def _route(self, exchange_name: str, routing_key: str) -> str | None:
         """The canonical topic a publish to ``exchange_name`` with ``routing_key`` goes to
@@ -336,7 +324,7 @@ class Channel:
         props: bytes,
         body: bytes,
         topic: str | None,
-        plan: _Plan | None = None,
+        plan: DispatchPlan | None = None,
     ) -> None:
         """Route one allowed publish (by ``plan`` if given, else through the router); confirm
         it (if confirming) once its destinations have it."""
@@ -675,9 +663,6 @@ def _too_large(size: int, max_size: int) -> ChannelError:
         f"PRECONDITION_FAILED - message size {size} is larger than configured max size {max_size}",
     )
 
-
-# A topic's route for a run of publishes: its bindings and (destination type, binding) pairs.
-_Plan = tuple[frozenset[Binding], list[tuple[DestinationType, Binding]]]
 
 _HANDLERS: dict[type, Callable[[Channel, Any], Any]] = {
     commands.Channel.Open: Channel.on_channel_open,

@@ -296,6 +296,17 @@ class ChaosCluster:
                 node.process.stop()
 
 
+def _debug_logger(path: Path) -> logging.Logger:
+    """A logger writing librdkafka's debug lines to ``path`` (``--kafka-debug``)."""
+    logger = logging.getLogger("chaos.kafka-debug")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    return logger
+
+
 # --- load ------------------------------------------------------------------------------------
 
 
@@ -335,11 +346,18 @@ class Worker(threading.Thread):
 class KafkaProducerLoad(Worker):
     """Idempotent, acks=all; a record whose delivery failed is produced again (same value)."""
 
-    def __init__(self, cluster: ChaosCluster, flow: Flow, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        cluster: ChaosCluster,
+        flow: Flow,
+        stop: threading.Event,
+        debug_log: Path | None = None,
+    ) -> None:
         super().__init__("kafka-producer", stop)
         self.flow = flow
         self.bootstrap = ",".join(f"127.0.0.1:{n.port('kafka')}" for n in cluster.nodes.values())
         self.sent = 0
+        self.logger = quiet if debug_log is None else _debug_logger(debug_log)
 
     def _producer(self) -> Producer:
         def on_error(err: Any) -> None:
@@ -347,20 +365,21 @@ class KafkaProducerLoad(Worker):
                 self.flow.fatal.append(err.str())
                 print(f"kafka producer: fatal error: {err.str()}", flush=True)
 
-        return Producer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-                "message.timeout.ms": 30000,
-                "socket.connection.setup.timeout.ms": 3000,
-                "topic.metadata.refresh.interval.ms": 2000,
-                "reconnect.backoff.max.ms": 1000,
-                "logger": quiet,
-                "error_cb": on_error,
-            }
-        )
+        config = {
+            "bootstrap.servers": self.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.timeout.ms": 30000,
+            "socket.connection.setup.timeout.ms": 3000,
+            "topic.metadata.refresh.interval.ms": 2000,
+            "reconnect.backoff.max.ms": 1000,
+            "logger": self.logger,
+            "error_cb": on_error,
+        }
+        if self.logger is not quiet:  # librdkafka's idempotence decisions and broker replies
+            config["debug"] = "eos,protocol,msg"
+        return Producer(config)
 
     def run(self) -> None:
         producer = self._producer()
@@ -844,6 +863,7 @@ def _drain(flows: dict[str, tuple[Flow, list[Worker]]], quiet_s: float, limit_s:
 def run(
     faults: int, seconds: float, objects: str = "file", seed: int | None = None,
     workdir: Path | None = None, kinds: tuple[str, ...] = KINDS,
+    kafka_debug: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the harness; returns the report (see ``check``)."""
     seed = seed if seed is not None else random.randrange(1 << 30)
@@ -865,7 +885,7 @@ def run(
         committed: dict[int, int] = {}
         backwards: list[str] = []
         subscribers: list[MqttSubscriberLoad] = []
-        publishers: list[Worker] = [KafkaProducerLoad(cluster, kafka, producers_stop)]
+        publishers: list[Worker] = [KafkaProducerLoad(cluster, kafka, producers_stop, kafka_debug)]
         for i, node in enumerate(nodes):  # levels alternate: 3.1.1 into v5, v5 into 3.1.1
             topic = f"chaos/m/{node.name}"
             other = nodes[(i + 1) % len(nodes)]
@@ -1103,11 +1123,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--keep", type=Path, help="work directory to keep (logs, data)")
     ap.add_argument("--json", type=Path, help="write the full report here")
+    ap.add_argument(
+        "--kafka-debug",
+        type=Path,
+        help="write the Kafka producer's librdkafka debug log (eos,protocol,msg) here",
+    )
     args = ap.parse_args(argv)
     if args.keep:
         args.keep.mkdir(parents=True, exist_ok=True)
     kinds = tuple(args.kinds.split(","))
-    report = run(args.faults, args.seconds, args.objects, args.seed, args.keep, kinds)
+    report = run(
+        args.faults, args.seconds, args.objects, args.seed, args.keep, kinds, args.kafka_debug
+    )
     print(summary(report))
     for line in report["warnings"]:
         print("  broker:", line)

@@ -16,7 +16,8 @@ older means the group has rebalanced since (maybe on another coordinator, while 
 waited for a locked meta store or a paused broker), and the commit is refused with
 ``StaleGeneration`` (Kafka's ILLEGAL_GENERATION) instead of moving the offset back under the
 new members.  Commits without a generation (-1: simple consumers, admin resets) are not
-fenced, as in Kafka.
+fenced, as in Kafka.  Deleting the group (``delete_group``: Kafka's DeleteGroups, only
+for a group without members) deletes its generation with its offsets.
 """
 
 from __future__ import annotations
@@ -222,8 +223,16 @@ class GroupOffsetStore:
     # -- delete ------------------------------------------------------------------------------
 
     async def delete_group(self, namespace: str, group: str) -> None:
+        """Forget the group: its committed offsets and its generation, in one transaction
+        (a group made again under the name starts from generation 1, as in Kafka)."""
         begin, end = keys.GROUP_OFFSETS.range(namespace, group)
-        await self.meta.transact(lambda tr: tr.clear_range(begin, end))
+        generation = keys.GROUP_GENERATIONS.pack(namespace, group)
+
+        def txn(tr: Transaction) -> None:
+            tr.clear_range(begin, end)
+            tr.clear(generation)
+
+        await self.meta.transact(txn)
 
     async def delete_stream(self, namespace: str, stream: str) -> None:
         """Forget every group's offsets of a deleted stream (as Kafka does with a deleted

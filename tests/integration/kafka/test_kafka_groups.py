@@ -3,11 +3,15 @@ leaves and, per committed offsets, every record is consumed exactly once."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 
+from flowmq_meta import open_meta_store
+from flowmq_meta.keys import GROUP_GENERATIONS
+from tests.fixtures.broker_process import BrokerProcess
 from tests.integration.kafka.conftest import confluent_conf
 from tests.integration.kafka.test_kafka_clients import create, produce_all
 
@@ -154,6 +158,42 @@ def test_groups_are_listed_and_described(broker, uid) -> None:
         assert committed[0].offset < 0
     finally:
         fresh.close()
+
+
+def _stored_generation(broker: BrokerProcess, group: str) -> bytes | None:
+    """The group's generation key, read from the broker's meta store (another process)."""
+
+    async def read() -> bytes | None:
+        meta = open_meta_store(f"sqlite:///{broker.data_dir / 'meta.db'}")
+        try:
+            key = GROUP_GENERATIONS.pack("default", group)
+            return await meta.transact(lambda tr: tr.get(key))
+        finally:
+            await meta.close()
+
+    return asyncio.run(read())
+
+
+def test_deleting_a_group_deletes_its_stored_generation(broker, uid) -> None:
+    """The generation a coordinator stores to fence stale commits goes with the group."""
+    topic, group = f"gen-{uid}", f"gen-{uid}"
+    create(broker, topic, 1)
+    produce_all(broker, topic, [(0, None, b"a")])
+    consumer = ck.Consumer(confluent_conf(broker, group_id=group, auto_offset_reset="earliest"))
+    consumer.subscribe([topic])
+    try:
+        deadline = time.monotonic() + 15
+        message = None
+        while message is None and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+        assert message is not None and not message.error()
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    assert _stored_generation(broker, group) is not None
+    admin = AdminClient(confluent_conf(broker))
+    admin.delete_consumer_groups([group])[group].result(10)
+    assert _stored_generation(broker, group) is None
 
 
 def test_cluster_is_described(broker) -> None:

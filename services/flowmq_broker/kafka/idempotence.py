@@ -3,24 +3,28 @@
 As the Java broker does, the last few batches of each producer on each partition are kept
 (first and last sequence, offset); a batch that repeats one of them is a retry of something
 already written and is answered with its original offset without appending again, and a
-batch that does not continue the sequence is refused with OUT_OF_ORDER_SEQUENCE_NUMBER.
+batch that does not continue the sequence is refused with OUT_OF_ORDER_SEQUENCE_NUMBER (or,
+of an epoch older than the stored one, INVALID_PRODUCER_EPOCH).
 
-The state lives in memory for speed and, for durability, in the meta store next to the
-data: each batch's entry is written by a hook running in the very flush transaction that
-gives the batch its offsets (``StreamStore.append_nowait(on_commit=...)``), so after a
-crash, or on another broker, the state matches exactly what was acknowledged.  A broker
-loads a producer's state the first time it sees it on a partition, and again when the
-sequence seems to have a gap (another broker may have appended since).
+The state lives in the meta store next to the data: each batch's entry is written by a hook
+running in the very flush transaction that gives the batch its offsets
+(``StreamStore.append_nowait(on_commit=...)``), and that hook checks the batch against the
+stored state first, refusing a repeat (``DuplicateBatch``: answered with the stored offset)
+or a gap (``SequenceRefused``) instead of writing it.  The meta store's serializable
+transactions make that the one decision that cannot race, and the only one that refuses:
+after a crash, or on another broker, the state matches exactly what was acknowledged.
 
-The memory check answers most retries at once, but it can be wrong: brokers are stateless
-and any of them may take a partition's produce requests, so another broker may have written
-the batch since this one loaded the state (a retry that continues the stale state exactly
-looks new), or may write it while this broker's copy waits for its flush (a paused broker
-whose client gave up and retried elsewhere).  So the hook checks the batch again against
-the stored state, inside the transaction that would append it, and refuses a repeat
-(``DuplicateBatch``: answered with the stored offset) or a gap (``SequenceRefused``) instead
-of writing it: the meta store's serializable transactions make that the one decision that
-cannot race.
+A copy in memory (loaded the first time a broker sees a producer on a partition) answers
+most retries at once: a batch it holds with its offset, or still being written here, is a
+repeat for certain.  Everything else goes to the flush transaction, even a batch that looks
+like a gap in memory, because memory can be wrong both ways: brokers are stateless and any
+of them may take a partition's produce requests, so another broker may have written batches
+since this one loaded the state, or since a batch of an old epoch got stuck in this
+broker's flush while the producer gave up on it and bumped its epoch (KIP-360: an
+idempotent producer bumps its epoch itself).  Refusing such a batch from memory answered
+OUT_OF_ORDER_SEQUENCE_NUMBER for the first batch the producer had not had acknowledged,
+which librdkafka takes for a broker that lost its state: a fatal error ("sequence
+desynchronization", issue #11).
 """
 
 from __future__ import annotations
@@ -108,14 +112,8 @@ class _State:
         self.pending = 0
 
 
-class Verdict(NamedTuple):
-    """``error`` NONE and ``duplicate`` None: append.  ``duplicate``: answer with its offset
-    (an int, or the future of a copy still being written).  ``stale``: the gap may be
-    another broker's appends; reload and check again."""
-
-    error: ErrorCode = ErrorCode.NONE
-    duplicate: int | asyncio.Future[int] | None = None
-    stale: bool = False
+EarlierCopy = int | asyncio.Future[int]
+"""The offset of a batch already written, or the future of a copy still being written."""
 
 
 class DuplicateBatch(ChunkRefused):
@@ -227,18 +225,16 @@ class ProducerStates:
     def known(self, key: StateKey) -> bool:
         return key in self._states
 
-    async def load(self, keys: Iterable[StateKey], *, refresh: bool = False) -> None:
-        """Read the stored state of ``keys`` (those not in memory, or all with ``refresh``)
-        in one transaction."""
-        wanted = [k for k in dict.fromkeys(keys) if refresh or k not in self._states]
+    async def load(self, keys: Iterable[StateKey]) -> None:
+        """Read the stored state of ``keys`` not in memory, in one transaction."""
+        wanted = [k for k in dict.fromkeys(keys) if k not in self._states]
         if not wanted:
             return
         packed = [self._key(k) for k in wanted]
         rows = await self.meta.transact(lambda tr: [tr.get(k) for k in packed])
         for key, raw in zip(wanted, rows, strict=True):
-            current = self._states.get(key)
-            if current is not None and (current.pending or not refresh):
-                continue  # batches in flight are newer than anything stored
+            if key in self._states:
+                continue  # learned meanwhile, by a batch in flight: newer than the store
             if raw is None:
                 self._states[key] = _State()
                 continue
@@ -246,28 +242,27 @@ class ProducerStates:
             self._states[key] = _State(epoch, (_Entry(f, last, off) for f, last, off in stored))
         self._evict()
 
-    def check(self, key: StateKey, batch: ProducerBatch, *, loaded_now: bool = False) -> Verdict:
-        """Decide on ``batch`` against the state (which must be known)."""
-        state = self._states[key]
-        error, same = _judge(state.epoch, state.batches, batch)
-        if same is not None:
-            if same.offset is not None:
-                return Verdict(duplicate=same.offset)
-            if same.future is not None and not same.future.done():
-                return Verdict(duplicate=same.future)
-            error = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER  # its write failed: a gap now
-        if error == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER:
-            # A gap may be appends by another broker, unless batches of this epoch are
-            # still in flight here (they are newer than anything stored).
-            same_epoch = state.epoch is not None and batch.epoch == state.epoch
-            in_flight = same_epoch and state.pending
-            return Verdict(error, stale=not loaded_now and not in_flight)
-        return Verdict(error)
+    def earlier_copy(self, key: StateKey, batch: ProducerBatch) -> EarlierCopy | None:
+        """The copy of ``batch`` this broker knows is written (its offset) or being written
+        here (its future); None: submit it, and the flush transaction decides."""
+        state = self._states.get(key)
+        if state is None or state.epoch != batch.epoch:
+            return None
+        for entry in state.batches:
+            if entry.first_seq == batch.first_seq and entry.last_seq == batch.last_seq:
+                if entry.offset is not None:
+                    return entry.offset
+                if entry.future is not None and not entry.future.done():
+                    return entry.future
+                return None  # its write failed: this is a new attempt
+        return None
 
     def accept(self, key: StateKey, batch: ProducerBatch) -> tuple[Any, Any]:
         """Record ``batch`` as written (pending); returns the hook for the flush transaction
         and a callback for the append future."""
-        state = self._states[key]
+        state = self._states.get(key)
+        if state is None:  # evicted since it was loaded: memory only serves repeats
+            state = self._states[key] = _State()
         if state.epoch != batch.epoch:
             state.epoch = batch.epoch
             state.batches.clear()
@@ -321,7 +316,7 @@ __all__ = [
     "ProducerBatch",
     "ProducerStates",
     "SequenceRefused",
+    "EarlierCopy",
     "StateKey",
-    "Verdict",
     "producer_batch",
 ]

@@ -23,10 +23,10 @@ from flowmq_broker.backpressure import KAFKA_THROTTLE_MS
 from flowmq_broker.kafka.context import RequestContext
 from flowmq_broker.kafka.idempotence import (
     DuplicateBatch,
+    EarlierCopy,
     ProducerBatch,
     SequenceRefused,
     StateKey,
-    Verdict,
     producer_batch,
 )
 from flowmq_broker.kafka.topics import TopicError, partition_count
@@ -60,8 +60,8 @@ class _Part:
         "message",
         "offset",
         "records",
+        "earlier",
         "summary",
-        "verdict",
     )
 
     def __init__(self, index: int, records: Any) -> None:
@@ -74,7 +74,7 @@ class _Part:
         self.future: asyncio.Future[int] | None = None
         self.batch: ProducerBatch | None = None
         self.key: StateKey | None = None
-        self.verdict: Verdict | None = None
+        self.earlier: EarlierCopy | None = None  # an earlier copy of an idempotent batch
         self.copies = 0  # durable copies routed to other destinations matching its topic
 
     def fail(self, code: int, message: str | None = None) -> None:
@@ -171,20 +171,14 @@ def _plan(ctx: RequestContext, req: Any) -> tuple[list[tuple[str, list[_Part]]],
     return plan, missing
 
 
-def _decide(
-    ctx: RequestContext, plan: list[tuple[str, list[_Part]]], loaded: set[Any]
-) -> list[Any]:
-    """Sequence verdicts of the idempotent parts; returns the keys whose state may be stale."""
+def _find_earlier_copies(ctx: RequestContext, plan: list[tuple[str, list[_Part]]]) -> None:
+    """Idempotent parts this broker knows are already written (or being written here): they
+    are answered with that copy's offset instead of being submitted."""
     producers = ctx.server.producers
-    stale = []
     for _, parts in plan:
         for part in parts:
-            if part.key is None or part.error:
-                continue
-            part.verdict = producers.check(part.key, part.batch, loaded_now=part.key in loaded)  # type: ignore[arg-type]
-            if part.verdict.stale:
-                stale.append(part.key)
-    return stale
+            if part.key is not None and not part.error:
+                part.earlier = producers.earlier_copy(part.key, part.batch)  # type: ignore[arg-type]
 
 
 def handle_produce(ctx: RequestContext, req: Any) -> Any:
@@ -205,8 +199,7 @@ def handle_produce(ctx: RequestContext, req: Any) -> Any:
     plan, missing = _plan(ctx, req)
     if missing or _unknown_producers(ctx, plan):
         return _produce_later(ctx, req, None)
-    if _decide(ctx, plan, set()):
-        return _produce_later(ctx, req, None)
+    _find_earlier_copies(ctx, plan)
     return _submit(ctx, req, plan)
 
 
@@ -249,12 +242,8 @@ async def _produce_slowly(
                 elif name in still_missing:  # deleted again before this request got to it
                     for part in parts:
                         part.fail(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} deleted")
-        unknown = _unknown_producers(ctx, plan)
-        if not await _load_producers(ctx, plan, unknown, refresh=False):
-            unknown = []
-        stale = _decide(ctx, plan, set(unknown))
-        if stale and await _load_producers(ctx, plan, stale, refresh=True):
-            _decide(ctx, plan, {*unknown, *stale})
+        await _load_producers(ctx, plan, _unknown_producers(ctx, plan))
+        _find_earlier_copies(ctx, plan)
         result = _submit(ctx, req, plan)
     finally:
         if not submitted.done():
@@ -263,15 +252,14 @@ async def _produce_slowly(
 
 
 async def _load_producers(
-    ctx: RequestContext, plan: list[tuple[str, list[_Part]]], keys: list[Any], *, refresh: bool
-) -> bool:
+    ctx: RequestContext, plan: list[tuple[str, list[_Part]]], keys: list[Any]
+) -> None:
     """Load producer state; if the meta store fails, the parts that needed it fail with a
-    retriable error instead of being checked against nothing."""
+    retriable error (their flush would fail the same way)."""
     if not keys:
-        return True
+        return
     try:
-        await ctx.server.producers.load(keys, refresh=refresh)
-        return True
+        await ctx.server.producers.load(keys)
     except Exception as exc:
         log.warning("kafka: cannot load idempotent producer state: %s", exc)
         wanted = set(keys)
@@ -279,8 +267,6 @@ async def _load_producers(
             for part in parts:
                 if part.key in wanted and not part.error:
                     part.fail(ErrorCode.KAFKA_STORAGE_ERROR, "producer state unavailable")
-                    part.verdict = None
-        return False
 
 
 def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) -> Any:
@@ -297,17 +283,13 @@ def _submit(ctx: RequestContext, req: Any, plan: list[tuple[str, list[_Part]]]) 
                     metrics.limits_rejections_count.labels("kafka_message_bytes").inc()
                     log.info("kafka %s: %s (topic %s); refused", ctx.conn.peer, part.message, name)
                 continue
-            verdict = part.verdict
-            if verdict is not None:
-                if verdict.error:
-                    part.fail(verdict.error, f"sequence check failed for producer {part.key[3]}")  # type: ignore[index]
-                    continue
-                if verdict.duplicate is not None:
-                    if isinstance(verdict.duplicate, int):
-                        part.offset = verdict.duplicate
-                    else:
-                        part.future = verdict.duplicate
-                    continue
+            earlier = part.earlier
+            if earlier is not None:
+                if isinstance(earlier, int):
+                    part.offset = earlier
+                else:
+                    part.future = earlier
+                continue
             try:
                 copies = _route_elsewhere(ctx, name, part, req.acks)
                 part.copies = len(copies)

@@ -5,11 +5,13 @@ even when that broker's memory of the producer is stale, and never written twice
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from flowmq_wire.kafka import REQUEST_CLASSES
+from flowmq_wire.kafka import REQUEST_CLASSES, ErrorCode
 from tests.fixtures.cluster import BrokerCluster
-from tests.fixtures.counting import CountingObjectStore
+from tests.fixtures.counting import CountingObjectStore, hold_puts
 from tests.fixtures.inprocess import joined_pair
+from tests.fixtures.waiting import wait_until_async
 from tests.integration.kafka.conftest import RawKafka, wait_until
 from tests.integration.kafka.test_kafka_protocol import (
     PRODUCE,
@@ -103,3 +105,50 @@ async def test_a_retry_written_elsewhere_while_the_first_copy_waits_is_stored_on
 def _answer(response) -> tuple[int, int]:
     part = response.responses[0].partition_responses[0]
     return part.error_code, part.base_offset
+
+
+async def test_a_bumped_epoch_continues_on_a_broker_still_holding_the_old_epochs_batch(
+    tmp_path, uid
+) -> None:
+    """Issue #11 (librdkafka's fatal "sequence desynchronization"): broker A holds a batch
+    of epoch 0 in a stalled flush; the producer gives up on it, bumps its epoch itself
+    (KIP-360: an idempotent producer does that without asking a broker), writes sequence 0
+    of epoch 1 through B, then sequence 1 through A.  A's memory still says epoch 0 with
+    a batch in flight, so sequence 1 looks like a gap; but the stored state says it
+    continues, and only that decides: written, as Kafka would.  The stalled batch of epoch
+    0 is then fenced (INVALID_PRODUCER_EPOCH), not written."""
+    async with joined_pair(tmp_path, ["kafka", "admin"]) as (a, b):
+        a_client, b_client = RawKafka(a.ports["kafka"]), RawKafka(b.ports["kafka"])
+        other = RawKafka(a.ports["kafka"])  # the producer's new connection to A
+        try:
+            topic = f"idem-{uid}"
+            await asyncio.to_thread(create_topic, b_client, topic)
+            pid = (await asyncio.to_thread(init_producer_id, b_client)).producer_id
+
+            def send(client: RawKafka, epoch: int, seq: int, value: bytes) -> Any:
+                return produce(client, topic, 0, _idempotent_batch(pid, epoch, seq, [value]))
+
+            assert _answer(await asyncio.to_thread(send, a_client, 0, 0, b"e0-0")) == (0, 0)
+            gated = hold_puts(a.batcher)
+            stalled = asyncio.create_task(asyncio.to_thread(send, a_client, 0, 1, b"e0-1"))
+            try:
+                await gated.put_waiting.wait()  # A holds sequence 1 of epoch 0, not stored
+                # The producer's request timed out: it bumps its epoch, starts again at 0.
+                assert _answer(await asyncio.to_thread(send, b_client, 1, 0, b"e1-0")) == (0, 1)
+                continued = asyncio.create_task(asyncio.to_thread(send, other, 1, 1, b"e1-1"))
+                # Either answered from A's memory at once, or queued behind the stalled flush.
+                await wait_until_async(
+                    lambda: continued.done() or a.batcher.unsettled_chunks == 2, 10
+                )
+                if continued.done():
+                    assert _answer(continued.result()) == (0, 2)
+            finally:
+                gated.put_gate.set()
+            assert _answer(await continued) == (0, 2)
+            fenced = _answer(await stalled)
+            assert fenced[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+            got = await asyncio.to_thread(fetch, b_client, topic, 0, 0)
+            assert got.high_watermark == 3
+        finally:
+            for client in (a_client, b_client, other):
+                client.close()

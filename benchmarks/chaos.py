@@ -2,7 +2,12 @@
 killed, paused and cut off from the object store; then a checker reads everything back.
 
     python benchmarks/chaos.py [--faults 50] [--seconds 600] [--objects file|s3] [--seed N]
-        [--json out.json]
+        [--kinds kill,pause,objects,meta] [--keep DIR] [--json out.json]
+        [--kafka-debug FILE]
+
+``--kafka-debug``: the Kafka producer's librdkafka debug log (``debug=eos,protocol,msg``:
+its idempotence decisions, epoch bumps, every Produce answer) written to FILE, to see why
+it failed if it does.
 
 The cluster: three ``flowmq serve`` processes on fixed ports (a restarted node comes back at
 the same addresses, as in production), one SQLite meta store and one object store (a

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from flowmq_wire.kafka import REQUEST_CLASSES, ErrorCode
 from tests.fixtures.cluster import BrokerCluster
 from tests.fixtures.counting import CountingObjectStore, hold_puts
@@ -107,16 +109,29 @@ def _answer(response) -> tuple[int, int]:
     return part.error_code, part.base_offset
 
 
-async def test_a_bumped_epoch_continues_on_a_broker_still_holding_the_old_epochs_batch(
-    tmp_path, uid
+# (epoch, sequence) of what the producer sends through B while A holds (0, 1), then of what it
+# sends through A, A's answer to it, and A's answer to the stalled copy.
+_THROUGH_B = {
+    # it gave up on (0, 1), bumped its epoch itself and started again at 0
+    "bumped epoch": ([(1, 0)], (1, 1), (0, 2), (ErrorCode.INVALID_PRODUCER_EPOCH, -1)),
+    # it retried (0, 1) through B, which wrote it, and went on there
+    "same epoch": ([(0, 1), (0, 2)], (0, 3), (0, 3), (0, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(_THROUGH_B))
+async def test_a_batch_continuing_the_stored_sequence_is_written_by_a_broker_whose_memory_lags(
+    tmp_path, uid, case: str
 ) -> None:
-    """Issue #11 (librdkafka's fatal "sequence desynchronization"): broker A holds a batch
-    of epoch 0 in a stalled flush; the producer gives up on it, bumps its epoch itself
-    (KIP-360: an idempotent producer does that without asking a broker), writes sequence 0
-    of epoch 1 through B, then sequence 1 through A.  A's memory still says epoch 0 with
-    a batch in flight, so sequence 1 looks like a gap; but the stored state says it
-    continues, and only that decides: written, as Kafka would.  The stalled batch of epoch
-    0 is then fenced (INVALID_PRODUCER_EPOCH), not written."""
+    """Issue #11 (librdkafka's fatal "sequence desynchronization"): broker A holds sequence 1
+    of epoch 0 in a stalled flush; the producer gives up on it and goes on through B (after
+    bumping its epoch, KIP-360: an idempotent producer does that itself; or retrying it
+    there), then sends its next batch through A.  A's memory (epoch 0, sequence 1 in flight)
+    calls that a gap, but it continues the stored sequence, and only the stored state
+    decides: written, as Kafka would, where A refused it with OUT_OF_ORDER_SEQUENCE_NUMBER
+    for the first batch the producer had not had acknowledged (fatal for librdkafka).  The
+    stalled copy is then fenced, or found written by B."""
+    through_b, through_a, a_answer, stalled_answer = _THROUGH_B[case]
     async with joined_pair(tmp_path, ["kafka", "admin"]) as (a, b):
         a_client, b_client = RawKafka(a.ports["kafka"]), RawKafka(b.ports["kafka"])
         other = RawKafka(a.ports["kafka"])  # the producer's new connection to A
@@ -125,30 +140,33 @@ async def test_a_bumped_epoch_continues_on_a_broker_still_holding_the_old_epochs
             await asyncio.to_thread(create_topic, b_client, topic)
             pid = (await asyncio.to_thread(init_producer_id, b_client)).producer_id
 
-            def send(client: RawKafka, epoch: int, seq: int, value: bytes) -> Any:
+            def send(client: RawKafka, epoch: int, seq: int) -> Any:
+                value = f"e{epoch}-{seq}".encode()
                 return produce(client, topic, 0, _idempotent_batch(pid, epoch, seq, [value]))
 
-            assert _answer(await asyncio.to_thread(send, a_client, 0, 0, b"e0-0")) == (0, 0)
+            assert _answer(await asyncio.to_thread(send, a_client, 0, 0)) == (0, 0)
             gated = hold_puts(a.batcher)
-            stalled = asyncio.create_task(asyncio.to_thread(send, a_client, 0, 1, b"e0-1"))
+            stalled = asyncio.create_task(asyncio.to_thread(send, a_client, 0, 1))
             try:
                 await gated.put_waiting.wait()  # A holds sequence 1 of epoch 0, not stored
-                # The producer's request timed out: it bumps its epoch, starts again at 0.
-                assert _answer(await asyncio.to_thread(send, b_client, 1, 0, b"e1-0")) == (0, 1)
-                continued = asyncio.create_task(asyncio.to_thread(send, other, 1, 1, b"e1-1"))
+                for offset, (epoch, seq) in enumerate(through_b, start=1):
+                    assert _answer(await asyncio.to_thread(send, b_client, epoch, seq)) == (
+                        0,
+                        offset,
+                    )
+                continued = asyncio.create_task(asyncio.to_thread(send, other, *through_a))
                 # Either answered from A's memory at once, or queued behind the stalled flush.
                 await wait_until_async(
                     lambda: continued.done() or a.batcher.unsettled_chunks == 2, 10
                 )
                 if continued.done():
-                    assert _answer(continued.result()) == (0, 2)
+                    assert _answer(continued.result()) == a_answer
             finally:
                 gated.put_gate.set()
-            assert _answer(await continued) == (0, 2)
-            fenced = _answer(await stalled)
-            assert fenced[0] == ErrorCode.INVALID_PRODUCER_EPOCH
+            assert _answer(await continued) == a_answer
+            assert _answer(await stalled) == stalled_answer
             got = await asyncio.to_thread(fetch, b_client, topic, 0, 0)
-            assert got.high_watermark == 3
+            assert got.high_watermark == a_answer[1] + 1
         finally:
             for client in (a_client, b_client, other):
                 client.close()

@@ -170,6 +170,11 @@ class GroupOffsetStore:
 
         return await self.meta.transact(txn)
 
+    async def has_generation(self, namespace: str, group: str) -> bool:
+        """Whether a generation is stored for ``group`` (it formed, maybe never committed)."""
+        key = keys.GROUP_GENERATIONS.pack(namespace, group)
+        return await self.meta.transact(lambda tr: tr.get(key) is not None)
+
     # -- read --------------------------------------------------------------------------------
 
     async def fetch(

@@ -245,7 +245,8 @@ async def handle_list_groups(ctx: RequestContext, req: Any) -> Any:
 
 
 async def handle_delete_groups(ctx: RequestContext, req: Any) -> Any:
-    """Delete groups without members, committed offsets included."""
+    """Delete groups without members, committed offsets and stored generation included; a
+    group is known by its coordinator, its offsets or its generation."""
     resp = ctx.response
     server = ctx.server
     results = []
@@ -260,6 +261,8 @@ async def handle_delete_groups(ctx: RequestContext, req: Any) -> Any:
             if group is None and stored is None:
                 stored = set(await server.offsets.groups(ctx.tenant.namespace))
             known = group is not None or group_id in stored  # type: ignore[operator]
+            if not known:  # formed once (a coordinator since restarted), never committed
+                known = await server.offsets.has_generation(ctx.tenant.namespace, group_id)
             if group is not None and group.members:
                 code = ErrorCode.NON_EMPTY_GROUP
             elif not known:

@@ -11,7 +11,7 @@ import pytest
 
 from flowmq_meta import open_meta_store
 from flowmq_meta.keys import GROUP_GENERATIONS
-from tests.fixtures.broker_process import BrokerProcess
+from tests.fixtures.broker_process import BrokerProcess, start_broker
 from tests.integration.kafka.conftest import confluent_conf
 from tests.integration.kafka.test_kafka_clients import create, produce_all
 
@@ -194,6 +194,37 @@ def test_deleting_a_group_deletes_its_stored_generation(broker, uid) -> None:
     admin = AdminClient(confluent_conf(broker))
     admin.delete_consumer_groups([group])[group].result(10)
     assert _stored_generation(broker, group) is None
+
+
+def test_a_group_known_only_by_its_generation_is_deleted_with_it(fresh_broker, uid) -> None:
+    """A group that formed but never committed, whose coordinator restarted since: its stored
+    generation is all that is left of it, and DeleteGroups deletes that too."""
+    topic, group = f"gen-only-{uid}", f"gen-only-{uid}"
+    create(fresh_broker, topic, 1)
+    produce_all(fresh_broker, topic, [(0, None, b"a")])
+    consumer = ck.Consumer(
+        confluent_conf(
+            fresh_broker, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False
+        )
+    )
+    consumer.subscribe([topic])
+    try:
+        deadline = time.monotonic() + 15
+        message = None
+        while message is None and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+        assert message is not None and not message.error()  # the group formed
+    finally:
+        consumer.close()
+    assert _stored_generation(fresh_broker, group) is not None
+    fresh_broker.stop()
+    restarted = start_broker(fresh_broker.data_dir)
+    try:
+        admin = AdminClient(confluent_conf(restarted))
+        admin.delete_consumer_groups([group])[group].result(10)
+        assert _stored_generation(restarted, group) is None
+    finally:
+        restarted.stop()
 
 
 def test_cluster_is_described(broker) -> None:

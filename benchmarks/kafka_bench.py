@@ -54,6 +54,9 @@ def broker_main(data_dir: str, objects: str, meta: str, conn: Any) -> None:
         uvloop.install()
     except ImportError:
         pass
+    from flowmq_broker.runtime import tune_interpreter
+
+    tune_interpreter()  # as `flowmq serve` does (GC threshold, 1 ms GIL switch interval)
     asyncio.run(_serve(data_dir, objects, meta, conn))
 
 

@@ -436,12 +436,12 @@ class StreamStore:
                         del self._waiters[p]
             if not local.done():
                 local.cancel()
+            # Cancelled, not awaited: they end in the next loop turns while the woken fetch
+            # is already answering (awaiting them cost it one or two turns of a busy loop).
             for w in watches:
                 w.cancel()
             for t in watch_tasks:
                 t.cancel()
-            if watch_tasks:
-                await asyncio.gather(*watch_tasks, return_exceptions=True)
 
 
 def _with_base(batch: bytearray, offset: int) -> bytearray:

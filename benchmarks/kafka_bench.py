@@ -476,6 +476,8 @@ def amqp_stream_latency_phase(broker: BrokerHandle, args: argparse.Namespace) ->
 
 
 def main() -> None:
+    import machine
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="per produce phase")
     parser.add_argument("--sizes", default="1024,100", help="record sizes to produce")
@@ -506,6 +508,8 @@ def main() -> None:
                 "acks": "all",
                 "linger_ms": 5,
                 "cpus": os.cpu_count(),
+                "interpreter_speed": machine.interpreter_speed(),
+                "load_average": os.getloadavg(),
             }
         }
         try:

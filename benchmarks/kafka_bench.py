@@ -249,7 +249,13 @@ def latency_producer(bootstrap: str, topic: str, rate: int, seconds: float, size
 
 
 def latency_consumer(
-    bootstrap: str, topic: str, seconds: float, ready: Any, results: Any, monotonic: bool = False
+    bootstrap: str,
+    topic: str,
+    seconds: float,
+    ready: Any,
+    results: Any,
+    monotonic: bool = False,
+    fetch_wait_ms: int = 100,
 ) -> None:
     """Latencies of the records read, from the send time in their first 8 bytes: wall-clock
     ns (``latency_producer``) or, with ``monotonic``, ``time.monotonic_ns`` (mqtt_loadgen)."""
@@ -261,7 +267,9 @@ def latency_consumer(
             "group.id": f"lat-{time.time_ns()}",
             "auto.offset.reset": "latest",
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100,
+            # How long an idle long poll waits; new records wake it at once (librdkafka's
+            # default is 500 ms, Java's fetch.max.wait.ms too): it does not add to latency.
+            "fetch.wait.max.ms": fetch_wait_ms,
             "logger": _quiet(),
         }
     )
@@ -351,7 +359,15 @@ def latency_phase(broker: BrokerHandle, args: argparse.Namespace) -> dict[str, A
     ready = ctx.Event()
     consumer = ctx.Process(
         target=latency_consumer,
-        args=(broker.bootstrap, topic, args.latency_seconds, ready, results),
+        args=(
+            broker.bootstrap,
+            topic,
+            args.latency_seconds,
+            ready,
+            results,
+            False,
+            args.fetch_wait,
+        ),
     )
     consumer.start()
     ready.wait(60)
@@ -398,7 +414,15 @@ def _stream_with_consumer(
     ready = ctx.Event()
     consumer = ctx.Process(
         target=latency_consumer,
-        args=(broker.bootstrap, stream, args.latency_seconds, ready, results, monotonic),
+        args=(
+            broker.bootstrap,
+            stream,
+            args.latency_seconds,
+            ready,
+            results,
+            monotonic,
+            args.fetch_wait,
+        ),
     )
     consumer.start()
     ready.wait(60)
@@ -491,6 +515,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--amqp-rate", type=int, default=10_000, help="AMQP → Stream msgs/s (0: skip)"
+    )
+    parser.add_argument(
+        "--fetch-wait", type=int, default=100, help="the latency consumers' fetch.wait.max.ms"
     )
     parser.add_argument("--dir", default=None, help="data dir (default: a temp dir)")
     parser.add_argument("--objects", default="", help="object store URL (default: file)")

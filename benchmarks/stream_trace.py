@@ -4,7 +4,8 @@ broker process (nothing in the broker changes; experiments only).
 
     python benchmarks/stream_trace.py CHECKOUT [RATE] [SECONDS]
         (CHECKOUT: the source tree to run, e.g. . or another worktree; RATE msgs/s,
-        default 10000; PYSPY=out.txt also records py-spy of the broker)
+        default 10000; PYSPY=out.txt also records py-spy of the broker; FETCH_WAIT_MS the
+        consumer's fetch.wait.max.ms, default 100)
 
 Per message, on ``time.monotonic_ns`` (the publisher's stamp is on the same clock): send →
 the broker's read of it, read → ``StreamDestinationType.accept``, accept → its flush's
@@ -253,7 +254,9 @@ def analyse(trace: dict[str, Any], latencies: list[float], stream: str) -> dict[
             pct(body, 0.99),
             len(body),
         )
-    waits = trace["waits"]
+    # Long polls of the publishing (not the consumer's idle time before and after it).
+    first, last = (msgs[0][2], max(m[4] for m in msgs)) if msgs else (0, 0)
+    waits = [w for w in trace["waits"] if first <= w[0] <= last]
     woken = [(b - a) / 1e6 for a, b, r, _ in waits if r]
     timed = [(b - a) / 1e6 for a, b, r, _ in waits if not r]
     out["long polls woken"] = (
@@ -311,7 +314,8 @@ def main() -> None:
 
         spy = threading.Thread(target=record)
         spy.start()
-    args = argparse.Namespace(latency_seconds=seconds, mqtt_rate=rate)
+    fetch_wait = int(os.environ.get("FETCH_WAIT_MS", "100"))  # the consumer's fetch.wait.max.ms
+    args = argparse.Namespace(latency_seconds=seconds, mqtt_rate=rate, fetch_wait=fetch_wait)
     try:
         row = kafka_bench.mqtt_stream_latency_phase(broker, args)
     finally:

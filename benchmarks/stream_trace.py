@@ -45,10 +45,8 @@ def patch() -> dict[str, Any]:
     from flowmq_broker import streams as ST
     from flowmq_kas3.records import iter_batches
 
-    T: dict[str, Any] = {"msgs": [], "flushes": [], "commits": [], "answers": [], "waits": []}
-    msgs, flushes, commits, answers, waits = (
-        T[k] for k in ("msgs", "flushes", "commits", "answers", "waits")
-    )
+    T: dict[str, Any] = {"msgs": [], "flushes": [], "answers": [], "waits": []}
+    msgs, flushes, answers, waits = (T[k] for k in ("msgs", "flushes", "answers", "waits"))
     by_future: dict[int, list[Any]] = {}
     by_key: dict[str, dict[str, Any]] = {}
     read = [0]
@@ -159,16 +157,6 @@ def patch() -> dict[str, Any]:
         return future
 
     FT.FlushThread.write_and_commit = write_and_commit
-
-    orig_after = KS._PartitionCommit.after_commit
-
-    def after_commit(self: Any, group: Any, results: list[Any], *rest: Any) -> None:
-        ok = [r for r in results if isinstance(r, int)]
-        if ok:
-            commits.append((ns(), group[1], group[2], min(ok), max(ok)))
-        orig_after(self, group, results, *rest)
-
-    KS._PartitionCommit.after_commit = after_commit
 
     orig_response = KF._response
 

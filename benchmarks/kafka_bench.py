@@ -14,11 +14,14 @@ are librdkafka (confluent-kafka), each in a process of its own:
 - MQTT → Stream latency: an MQTT QoS 1 publisher (``mqtt_loadgen``'s paced one, 100-byte
   messages, window 256) sends at ``--mqtt-rate`` (default 10k/s) to a topic that a Stream
   takes (created through the admin API), and a Kafka consumer of that Stream reports p50/p99
-  of receive - send (the durable write, then the long poll's wake-up).
+  of receive - send (the durable write, then the long poll's wake-up);
+- AMQP → Stream latency: the same with an AMQP publisher (``amqp_loadgen``'s paced one,
+  persistent 100-byte messages with publisher confirms, window 256, ``--amqp-rate``).
 
     python benchmarks/kafka_bench.py                    # ~50 s
     python benchmarks/kafka_bench.py --seconds 10 --producers 2 --json
-    python benchmarks/kafka_bench.py --sizes '' --rate 0 --mqtt-rate 10000   # MQTT → Stream only
+    python benchmarks/kafka_bench.py --sizes '' --rate 0 --mqtt-rate 10000 --amqp-rate 0
+        # MQTT → Stream only (--mqtt-rate 0 --amqp-rate 10000: AMQP → Stream only)
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ def broker_main(data_dir: str, objects: str, meta: str, conn: Any) -> None:
         uvloop.install()
     except ImportError:
         pass
+    from flowmq_broker.runtime import tune_interpreter
+
+    tune_interpreter()  # as `flowmq serve` does (GC threshold, 1 ms GIL switch interval)
     asyncio.run(_serve(data_dir, objects, meta, conn))
 
 
@@ -75,7 +81,7 @@ async def _serve(data_dir: str, objects: str, meta: str, conn: Any) -> None:
         gossip_port=0,
         admin_token="bench",
         node_id="bench",
-        roles=["kafka", "mqtt", "admin"],
+        roles=["kafka", "mqtt", "amqp", "admin"],
     )
     broker = Broker(config)
     await broker.start()
@@ -243,7 +249,13 @@ def latency_producer(bootstrap: str, topic: str, rate: int, seconds: float, size
 
 
 def latency_consumer(
-    bootstrap: str, topic: str, seconds: float, ready: Any, results: Any, monotonic: bool = False
+    bootstrap: str,
+    topic: str,
+    seconds: float,
+    ready: Any,
+    results: Any,
+    monotonic: bool = False,
+    fetch_wait_ms: int = 100,
 ) -> None:
     """Latencies of the records read, from the send time in their first 8 bytes: wall-clock
     ns (``latency_producer``) or, with ``monotonic``, ``time.monotonic_ns`` (mqtt_loadgen)."""
@@ -255,7 +267,9 @@ def latency_consumer(
             "group.id": f"lat-{time.time_ns()}",
             "auto.offset.reset": "latest",
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": 100,
+            # How long an idle long poll waits; new records wake it at once (librdkafka's
+            # default is 500 ms, Java's fetch.max.wait.ms too): it does not add to latency.
+            "fetch.wait.max.ms": fetch_wait_ms,
             "logger": _quiet(),
         }
     )
@@ -345,7 +359,15 @@ def latency_phase(broker: BrokerHandle, args: argparse.Namespace) -> dict[str, A
     ready = ctx.Event()
     consumer = ctx.Process(
         target=latency_consumer,
-        args=(broker.bootstrap, topic, args.latency_seconds, ready, results),
+        args=(
+            broker.bootstrap,
+            topic,
+            args.latency_seconds,
+            ready,
+            results,
+            False,
+            args.fetch_wait,
+        ),
     )
     consumer.start()
     ready.wait(60)
@@ -375,11 +397,11 @@ def _latency_summary(latencies: list[float], rate: int) -> dict[str, Any]:
     }
 
 
-def mqtt_stream_latency_phase(broker: BrokerHandle, args: argparse.Namespace) -> dict[str, Any]:
-    """MQTT QoS 1 publishes into a Stream, read back by a Kafka consumer."""
-    import mqtt_loadgen
-
-    stream, topic = "mqtt-latency", "bench/stream"
+def _stream_with_consumer(
+    broker: BrokerHandle, args: argparse.Namespace, stream: str, topic: str, monotonic: bool
+) -> tuple[Any, Any]:
+    """Create ``stream`` taking ``topic`` through the admin API and start a Kafka consumer
+    of it (``latency_consumer``); returns the consumer process and its results queue."""
     request = urllib.request.Request(
         f"http://127.0.0.1:{broker.ports['http']}/api/v1/streams",
         data=json.dumps({"name": stream, "topic_filters": [topic]}).encode(),
@@ -392,11 +414,29 @@ def mqtt_stream_latency_phase(broker: BrokerHandle, args: argparse.Namespace) ->
     ready = ctx.Event()
     consumer = ctx.Process(
         target=latency_consumer,
-        args=(broker.bootstrap, stream, args.latency_seconds, ready, results, True),
+        args=(
+            broker.bootstrap,
+            stream,
+            args.latency_seconds,
+            ready,
+            results,
+            monotonic,
+            args.fetch_wait,
+        ),
     )
     consumer.start()
     ready.wait(60)
     time.sleep(1.0)
+    return consumer, results
+
+
+def mqtt_stream_latency_phase(broker: BrokerHandle, args: argparse.Namespace) -> dict[str, Any]:
+    """MQTT QoS 1 publishes into a Stream, read back by a Kafka consumer."""
+    import mqtt_loadgen
+
+    stream, topic = "mqtt-latency", "bench/stream"
+    consumer, results = _stream_with_consumer(broker, args, stream, topic, True)
+    ctx = mp.get_context("spawn")
     spec = mqtt_loadgen.PubSpec(
         name="pub",
         port=broker.ports["mqtt"],
@@ -427,7 +467,41 @@ def mqtt_stream_latency_phase(broker: BrokerHandle, args: argparse.Namespace) ->
     }
 
 
+def amqp_stream_latency_phase(broker: BrokerHandle, args: argparse.Namespace) -> dict[str, Any]:
+    """AMQP persistent publishes with confirms into a Stream, read back by a Kafka consumer:
+    ``amqp_loadgen``'s paced publisher (100-byte bodies, window 256, the default exchange,
+    so the routing key is the topic), the consumer as in the MQTT phase."""
+    import amqp_loadgen
+
+    stream = topic = "amqp-latency-in"
+    consumer, results = _stream_with_consumer(broker, args, stream, topic, False)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start = time.time() + 0.5
+    publisher = ctx.Process(
+        target=amqp_loadgen.publisher_proc,
+        args=(
+            broker.ports["amqp"], topic, 100, 256, float(args.amqp_rate), start,
+            start + args.latency_seconds, out,
+        ),
+    )  # fmt: skip
+    publisher.start()
+    _, sent = out.get(timeout=args.latency_seconds + 60)
+    publisher.join()
+    latencies = results.get(timeout=args.latency_seconds + 60)
+    consumer.join()
+    return {
+        "rate_msgs_s": args.amqp_rate,
+        "sent_rate_msgs_s": sent["sent"] / args.latency_seconds,
+        "acked": sent["confirmed"],
+        "nacked": sent["nacked"],
+        **_latency_summary(latencies, args.amqp_rate),
+    }
+
+
 def main() -> None:
+    import machine
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="per produce phase")
     parser.add_argument("--sizes", default="1024,100", help="record sizes to produce")
@@ -438,6 +512,12 @@ def main() -> None:
     parser.add_argument("--latency-size", type=int, default=100)
     parser.add_argument(
         "--mqtt-rate", type=int, default=10_000, help="MQTT → Stream msgs/s (0: skip)"
+    )
+    parser.add_argument(
+        "--amqp-rate", type=int, default=10_000, help="AMQP → Stream msgs/s (0: skip)"
+    )
+    parser.add_argument(
+        "--fetch-wait", type=int, default=100, help="the latency consumers' fetch.wait.max.ms"
     )
     parser.add_argument("--dir", default=None, help="data dir (default: a temp dir)")
     parser.add_argument("--objects", default="", help="object store URL (default: file)")
@@ -455,6 +535,8 @@ def main() -> None:
                 "acks": "all",
                 "linger_ms": 5,
                 "cpus": os.cpu_count(),
+                "interpreter_speed": machine.interpreter_speed(),
+                "load_average": os.getloadavg(),
             }
         }
         try:
@@ -467,6 +549,8 @@ def main() -> None:
                 report["latency"] = latency_phase(broker, args)
             if args.mqtt_rate > 0:
                 report["mqtt_stream_latency"] = mqtt_stream_latency_phase(broker, args)
+            if args.amqp_rate > 0:
+                report["amqp_stream_latency"] = amqp_stream_latency_phase(broker, args)
         finally:
             broker.stop()
     if args.json:

@@ -440,6 +440,12 @@ def encode_message(msg: MessageLike) -> bytes:
     return _close_batch([b"", _varint(len(record)), record], 1, timestamp, timestamp)
 
 
+def message_summary(msg: MessageLike) -> BatchesSummary:
+    """``summarize(encode_message(msg))`` without walking the bytes just written: one batch
+    of one record at the message's timestamp (``summarize`` counts none below -1)."""
+    return BatchesSummary(1, max(msg.timestamp_ms, -1), 1)
+
+
 def encode_messages(messages: Iterable[MessageLike], *, compression: int = CODEC_NONE) -> bytes:
     """A v2 batch of routed MQTT/AMQP messages: canonical topic as header ``flowmq.topic``,
     then the message's own headers (user properties) in order.  (One message without user

@@ -9,6 +9,7 @@ from the page cache or one ranged GET per run of adjacent chunks.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -18,7 +19,7 @@ from flowmq_commit.tasks import running_task
 from flowmq_kas3 import index
 from flowmq_kas3.errors import ChunkRefused, OffsetOutOfRange
 from flowmq_kas3.index import ChunkEntry, Partition
-from flowmq_kas3.page_cache import PageCache
+from flowmq_kas3.page_cache import PageCache, RangeKey
 from flowmq_kas3.reader import read_chunks
 from flowmq_kas3.records import BASE_OFFSET, BatchesSummary, decode_batch, summarize
 from flowmq_kas3.segment import assemble_fetch, batch_offsets
@@ -35,6 +36,12 @@ DEFAULT_FETCH_LOOKAHEAD = 64
 _SCAN_PAGE = 1000
 # A fetch whose chunk vanished (retention + GC between index read and GET) re-plans.
 _FETCH_ATTEMPTS = 3
+# Chunks this broker committed to a partition while long polls waited on it, kept so that
+# the polls they woke read them without asking the meta store (``fetch_committed``): the
+# last few per partition, for a bounded number of partitions (their bytes stay in the page
+# cache, which may evict them: the poll then reads the usual way).
+_RECENT_PER_PARTITION = 4
+_RECENT_PARTITIONS = 4096
 
 
 class FetchResult(NamedTuple):
@@ -121,7 +128,7 @@ class _PartitionCommit(GroupCommit):
         end: int,
         data: bytes,
     ) -> None:
-        self._store._committed(group, (object_key, start, end), data)
+        self._store._committed(group, (object_key, start, end), data, results)
 
 
 class StreamStore:
@@ -145,6 +152,10 @@ class StreamStore:
         self.watch_remote = watch_remote
         self._waiters: dict[Partition, list[asyncio.Future[None]]] = {}
         self._commit = _PartitionCommit(self)
+        # Commits of this broker so far, and per partition (base offset, chunk location,
+        # commit number) of the last ones a long poll waited for; see ``fetch_committed``.
+        self._commits = 0
+        self._recent: dict[Partition, collections.deque[tuple[int, RangeKey, int]]] = {}
 
     # -- append ------------------------------------------------------------------------------
 
@@ -199,13 +210,67 @@ class StreamStore:
                 futures.append(_failed(exc))
         return list(await asyncio.gather(*futures, return_exceptions=return_exceptions))
 
-    def _committed(self, p: Partition, location: tuple[str, int, int], data: bytes) -> None:
+    def _committed(self, p: Partition, location: RangeKey, data: bytes, results: list[Any]) -> None:
+        self._commits += 1
         self.page_cache.put(location, data, len(data))
         waiters = self._waiters.pop(p, None)
+        if waiters or p in self._recent:
+            self._remember(p, location, results)
         if waiters:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+
+    def _remember(self, p: Partition, location: RangeKey, results: list[Any]) -> None:
+        """Keep a committed chunk for ``fetch_committed``, if it is one index entry whose base
+        offset is its first result (a chunk refused by its hook splits the run: forget the
+        partition's chunks then, as they no longer follow each other)."""
+        if not all(type(r) is int for r in results):
+            self._recent.pop(p, None)
+            return
+        recent = self._recent.get(p)
+        if recent is None:
+            if len(self._recent) >= _RECENT_PARTITIONS:
+                self._recent.clear()
+            recent = self._recent[p] = collections.deque(maxlen=_RECENT_PER_PARTITION)
+        recent.append((results[0], location, self._commits))
+
+    def commit_mark(self) -> int:
+        """What ``fetch_committed`` takes as ``since``: the commits of this broker so far."""
+        return self._commits
+
+    def fetch_committed(
+        self, ns: str, stream: str, partition: int, offset: int, max_bytes: int, since: int
+    ) -> tuple[bytearray, int] | None:
+        """A long poll's read without the meta store: whole batches from ``offset`` out of
+        the chunks this broker committed to the partition after ``commit_mark()`` returned
+        ``since``, if the first of them starts exactly at ``offset``, from the page cache;
+        with the offset after the last of them (the high watermark as far as this broker
+        knows: another broker's later appends are read the usual way by the next fetch).
+        None when they do not hold ``offset`` (read with ``fetch``).
+
+        ``offset`` must be the high watermark a meta read returned before ``since`` was
+        taken: a chunk committed after that with its base offset at that high watermark is
+        exactly what the partition holds there now, even if the stream was deleted and made
+        again meanwhile (a chunk committed before ``since`` is never used)."""
+        recent = self._recent.get((ns, stream, partition))
+        if not recent:
+            return None
+        chunks: list[tuple[int, bytes | memoryview]] = []
+        expected = offset
+        for base, location, number in recent:
+            if number <= since or base != expected:
+                if chunks:
+                    break
+                continue
+            data = self.page_cache.get(location)
+            if data is None:
+                break
+            chunks.append((base, data))
+            expected = base + summarize(data).offset_count
+        if not chunks:
+            return None
+        return assemble_fetch(chunks, offset, max_bytes), expected
 
     # -- offsets -----------------------------------------------------------------------------
 
@@ -371,12 +436,12 @@ class StreamStore:
                         del self._waiters[p]
             if not local.done():
                 local.cancel()
+            # Cancelled, not awaited: they end in the next loop turns while the woken fetch
+            # is already answering (awaiting them cost it one or two turns of a busy loop).
             for w in watches:
                 w.cancel()
             for t in watch_tasks:
                 t.cancel()
-            if watch_tasks:
-                await asyncio.gather(*watch_tasks, return_exceptions=True)
 
 
 def _with_base(batch: bytearray, offset: int) -> bytearray:

@@ -10,7 +10,7 @@ from kafka.partitioner.default import murmur2
 
 from flowmq_broker.routing import Binding, DestinationType, Router
 from flowmq_core.message import Message
-from flowmq_kas3.records import encode_message
+from flowmq_kas3.records import encode_message, message_summary
 from flowmq_kas3.store import StreamStore
 from flowmq_meta.catalog import STREAM
 
@@ -36,5 +36,9 @@ class StreamDestinationType(DestinationType):
         partitions = dest.options.get("partitions", 1) if dest is not None else 1
         partition = partition_for(message.key, partitions, next(self._turns))
         return self.store.append_nowait(
-            binding.namespace, binding.name, partition, encode_message(message)
+            binding.namespace,
+            binding.name,
+            partition,
+            encode_message(message),
+            summary=message_summary(message),
         )

@@ -7,7 +7,11 @@ a consumer always progresses.  Partitions are read in request order, a few at a 
 given what is left of that budget (``_read_within``): once it is spent, the rest are not
 read at all, so what one Fetch pulls from storage stays near its budget.  While the result
 is below ``min_bytes`` it waits on the partitions' high watermarks
-(``StreamStore.wait_for_any``) until ``max_wait_ms`` and reads again.  Sessions (KIP-227) are not kept: every answer is a full one with session id 0,
+(``StreamStore.wait_for_any``) until ``max_wait_ms`` and reads again.  A poll woken by this
+broker's own commit reads the chunks that woke it from the page cache
+(``StreamStore.fetch_committed``) instead of asking the meta store again: the commit wakes it
+and it answers in the same loop turns, with no thread hand-off between the commit and the
+answer.  Sessions (KIP-227) are not kept: every answer is a full one with session id 0,
 which clients take as "no session" and keep sending full requests.
 """
 
@@ -122,6 +126,34 @@ async def _read_within(
     return got, i == n
 
 
+def _read_committed(
+    ctx: RequestContext, wants: list[_Want], got: list[_Got], budget: int, mark: int
+) -> list[_Got] | None:
+    """After a long poll woke, the records of the chunks this broker committed since
+    ``mark`` (``StreamStore.fetch_committed``), each partition from the high watermark its
+    last read returned, within ``budget`` as ``_read_within`` reads; partitions without any
+    keep that read's answer.  None if none has records that way (read the usual way)."""
+    store = ctx.server.services.streams
+    ns = ctx.tenant.namespace
+    out: list[_Got] = []
+    found = False
+    for want, g in zip(wants, got, strict=True):
+        local = None
+        if not g.error and budget > 0:
+            limit = max(1, min(want.max_bytes, budget))
+            local = store.fetch_committed(
+                ns, want.topic, want.partition, g.high_watermark, limit, mark
+            )
+        if local is None:
+            out.append(g)
+            continue
+        records, hwm = local
+        budget -= len(records)
+        found = True
+        out.append(_Got(ErrorCode.NONE, records, hwm, g.log_start_offset))
+    return out if found else None
+
+
 async def handle_fetch(ctx: RequestContext, req: Any) -> Any:
     server = ctx.server
     conn = ctx.conn
@@ -143,8 +175,8 @@ async def handle_fetch(ctx: RequestContext, req: Any) -> Any:
     wants = _wants(ctx, req)
     store = server.services.streams
     ns = ctx.tenant.namespace
+    got, complete = await _read_within(ctx, wants, max_bytes)
     while True:
-        got, complete = await _read_within(ctx, wants, max_bytes)
         size = sum(len(g.records) for g in got)
         remaining = deadline - loop.time()
         if size >= req.min_bytes or remaining <= 0 or any(g.error for g in got):
@@ -152,8 +184,14 @@ async def handle_fetch(ctx: RequestContext, req: Any) -> Any:
         positions = [
             (ns, w.topic, w.partition, g.high_watermark) for w, g in zip(wants, got, strict=True)
         ]
+        mark = store.commit_mark()
         if not await store.wait_for_any(positions, remaining):
             break
+        woken = None if size else _read_committed(ctx, wants, got, max_bytes, mark)
+        if woken is not None and sum(len(g.records) for g in woken) >= req.min_bytes:
+            got = woken  # what this broker just committed: no meta read on the way out
+            break
+        got, complete = await _read_within(ctx, wants, max_bytes)
     response, trimmed = _response(ctx, wants, got, max_bytes)
     if (trimmed or not complete) and asked > max_bytes:  # the broker's cap, not the client's
         metrics.limits_rejections_count.labels("kafka_fetch_bytes").inc()

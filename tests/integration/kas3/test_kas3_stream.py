@@ -257,6 +257,47 @@ async def test_long_poll_on_any_of_several_partitions(stream_store: StreamStore)
     assert stream_store.waiting(NS, STREAM, 0) == 0
 
 
+async def test_a_woken_long_poll_reads_what_was_committed_without_the_meta_store(
+    stream_store: StreamStore, meta: CountingMetaStore
+) -> None:
+    await stream_store.append(NS, STREAM, 0, make_batch([b"old"]))
+    mark = stream_store.commit_mark()
+    waiter = asyncio.ensure_future(stream_store.wait_for_data(NS, STREAM, 0, 1, timeout=30))
+    await stream_store.append(NS, STREAM, 0, make_batch([b"new-1", b"new-2"]))
+    assert await waiter is True
+    transactions = meta.transactions
+    records, hwm = stream_store.fetch_committed(NS, STREAM, 0, 1, 1 << 20, mark)
+    assert meta.transactions == transactions
+    assert hwm == 3
+    assert [(r.offset, r.value) for r in decode_batches(records)] == [(1, b"new-1"), (2, b"new-2")]
+    # Only chunks committed after the mark, starting exactly at the offset asked for.
+    assert (
+        stream_store.fetch_committed(NS, STREAM, 0, 1, 1 << 20, stream_store.commit_mark()) is None
+    )
+    assert stream_store.fetch_committed(NS, STREAM, 0, 0, 1 << 20, 0) is None
+    assert stream_store.fetch_committed(NS, STREAM, 1, 1, 1 << 20, mark) is None
+
+
+async def test_woken_reads_stop_where_another_broker_appended(
+    tmp_path: Path, meta_url: str
+) -> None:
+    """Chunks this broker committed that do not follow each other (another broker appended
+    between them) are not served as one run: the woken read ends at the gap."""
+    async with two_brokers(tmp_path, meta_url, flush_interval=0.002) as (a, b):
+        mark = b.commit_mark()
+        waiter = asyncio.ensure_future(b.wait_for_data(NS, STREAM, 0, 0, timeout=30))
+        await b.append(NS, STREAM, 0, make_batch([b"b-1"]))
+        assert await waiter is True
+        await a.append(NS, STREAM, 0, make_batch([b"a-1"]))
+        await b.append(NS, STREAM, 0, make_batch([b"b-2"]))
+        records, hwm = b.fetch_committed(NS, STREAM, 0, 0, 1 << 20, mark)
+        assert hwm == 1
+        assert [(r.offset, r.value) for r in decode_batches(records)] == [(0, b"b-1")]
+        records, hwm = b.fetch_committed(NS, STREAM, 0, 2, 1 << 20, mark)
+        assert (hwm, [r.value for r in decode_batches(records)]) == (3, [b"b-2"])
+        assert [v for _, v in await read_all(b, 0)] == [b"b-1", b"a-1", b"b-2"]
+
+
 @contextlib.asynccontextmanager
 async def two_brokers(
     tmp_path: Path, meta_url: str, *, flush_interval: float

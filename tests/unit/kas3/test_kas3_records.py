@@ -19,6 +19,7 @@ from flowmq_kas3.records import (
     encode_batch,
     encode_message,
     iter_batches,
+    message_summary,
     patch_base_offsets,
     split_batches,
     summarize,
@@ -204,6 +205,7 @@ def test_encode_message_writes_what_kafka_python_writes(message: _Msg) -> None:
         ]
     )
     assert encode_message(message) == expected
+    assert message_summary(message) == summarize(expected)
 
 
 def test_encoders_refuse_an_empty_batch() -> None:

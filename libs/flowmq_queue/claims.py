@@ -94,6 +94,8 @@ class ClaimRounds:
         self._ops: dict[Lease, Ops] = {}
         self._dead_done: list[tuple[str, str, bytes, Run]] = []
         self._gets: list[Consumer] = []
+        # Consumers given deliveries claimed ahead since the last ``hand_out_ahead``.
+        self._ahead_pump: list[Consumer] = []
         self._claim_base = 0
         self._round_commit = RoundCommit()
         self._riding: Round | None = None  # the round riding a flush now, if any
@@ -282,9 +284,19 @@ class ClaimRounds:
                 c.held.append(delivery)
             else:
                 c.buffer.append(delivery)
-                self.pump_soon(c)
+                if not c.pump_scheduled:
+                    self._ahead_pump.append(c)
+                    self.pump_soon(c)
             return delivery
         return None
+
+    def hand_out_ahead(self) -> None:
+        """Deliver what was claimed ahead so far, now (the caller's run of publishes is
+        over) rather than in the next loop iteration: the consumer's connection then writes
+        it at the start of that iteration, before the next reads are handled."""
+        consumers, self._ahead_pump = self._ahead_pump, []
+        for c in consumers:
+            c.pump()
 
     def claimed_ahead(
         self, ns: str, queue: str, shard: int, key: bytes, run: Run, deliveries: list[Delivery]

@@ -447,6 +447,20 @@ async def test_claim_ahead_delivers_before_the_commit_without_a_claim_round(env)
     assert stats["count"] == 0 and stats["inflight"] == 0 and stats["bytes"] == 0
 
 
+async def test_claim_ahead_is_handed_out_at_the_end_of_the_publishers_run(env) -> None:
+    """``hand_out_ahead`` delivers what was claimed ahead at once, in the same loop
+    iteration as the enqueues (the AMQP channel calls it after a run of publishes)."""
+    env.queue("q")
+    inbox = env.consumer("q", prefetch=10, claim_ahead=True)
+    await env.settle()
+    opts = env.options[("default", "q")]
+    futures = [env.engine.enqueue("default", "q", Message("q", b"m%d" % i), opts) for i in range(2)]
+    assert inbox.items == []
+    env.engine.hand_out_ahead()
+    assert inbox.payloads() == [b"m0", b"m1"]
+    await asyncio.gather(*futures)
+
+
 async def test_claim_ahead_settles_given_before_the_commit_apply_after_it(env) -> None:
     """An ack and a requeue of messages claimed ahead, given before their flush committed,
     take effect once it has: the acked one is gone, the requeued one comes back with the

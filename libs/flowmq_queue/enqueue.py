@@ -161,8 +161,10 @@ class EnqueueCommit(GroupCommit):
             written += len(entries)
             at = 0
             for key, entry in entries:
+                leased = (shard, key, entry)
                 for r in claimed_results[cid][at : at + len(entry)]:
-                    results[r] = results[r]._replace(leased=(shard, key, entry))
+                    seq, start, ctx, used, _ = results[r]
+                    results[r] = Enqueued(seq, start, ctx, used, leased)  # (_replace: 4× slower)
                 at += len(entry)
         return written
 

@@ -171,6 +171,20 @@ class RabbitMQ:
             self.epmd.wait()
 
 
+def _start_rabbitmq(workdir: Path, tries: int = 3) -> RabbitMQ:
+    """RabbitMQ on fresh ports, tried again if it exits at start (on a busy machine another
+    process may take a port between ``_free_port`` and RabbitMQ's bind)."""
+    for attempt in range(1, tries + 1):
+        shutil.rmtree(workdir / "rabbitmq", ignore_errors=True)
+        try:
+            return RabbitMQ(workdir)
+        except RuntimeError as exc:
+            if attempt == tries:
+                raise
+            print(f"rabbitmq did not start ({exc}); again", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 def _rabbit_version() -> str:
     try:
         out = subprocess.run(
@@ -335,7 +349,7 @@ def main() -> None:
             brokers.append(FlowMQ(workdir))
         if args.only in (None, "rabbitmq"):
             if RABBIT_BIN.exists():
-                brokers.append(RabbitMQ(workdir))
+                brokers.append(_start_rabbitmq(workdir))
             else:
                 print("rabbitmq-server is not installed: FlowMQ only", file=sys.stderr)
         rows = []

@@ -281,6 +281,17 @@ def patch(out_path):
 
     CL.ClaimRounds._commit = rcommit
 
+    if hasattr(CL.ClaimRounds, "claim_ahead"):  # trees that claim ahead of the commit
+        AHEAD = MSG.setdefault("ahead", [])
+        orig_ahead = CL.ClaimRounds.claim_ahead
+
+        def claim_ahead(self, *args):
+            d = orig_ahead(self, *args)
+            AHEAD.append((now(), int(d is not None)))
+            return d
+
+        CL.ClaimRounds.claim_ahead = claim_ahead
+
     import atexit
 
     def dump():
@@ -399,6 +410,9 @@ def analyse(path, t_from):
         kinds.setdefault(kind, []).append(r[1] * 1e3)
     for k, v in sorted(kinds.items()):
         out[f"round {k}"] = f"n={len(v)} mean {statistics.mean(v):.3f} ms p50 {pct(v, 0.5):.3f}"
+    ahead = [x[1] for x in d["msg"].pop("ahead", []) if x[0] > t_from]
+    if ahead:
+        out["claimed ahead of the commit"] = f"{sum(ahead)} of {len(ahead)} publishes"
     for k, v in d["msg"].items():
         v = [x[1] / 1e6 for x in v if x[0] > t_from]
         if v:

@@ -299,6 +299,10 @@ class GroupCommitBatcher:
         # count.  ``_pressure_mark`` and ``_chunks_mark`` are what submit compares against:
         # the high-water marks, or infinity while under pressure.  ``_unsettled``: chunks
         # submitted and not yet committed or failed (waiting, or in a flush in flight).
+        # Called on the loop once the futures of a flush with bytes have been resolved,
+        # after the callbacks those scheduled have run (one call per flush): a protocol
+        # answers everything the flush stored at once, not a loop iteration later.
+        self.resolved_listeners: list[Callable[[], None]] = []
         self.high_water = high_water
         self.low_water = high_water // 2 if low_water is None else low_water
         self.high_water_chunks = high_water_chunks
@@ -757,6 +761,16 @@ class GroupCommitBatcher:
             for run, run_results in zip(runs, results, strict=True):
                 _after_commit(run, run_results, key, body)
                 _resolve(run, run_results)
+            if self.resolved_listeners:
+                # Queued after the futures' callbacks, so it runs right after them.
+                asyncio.get_running_loop().call_soon(self._tell_resolved)
+
+    def _tell_resolved(self) -> None:
+        for listener in self.resolved_listeners:
+            try:
+                listener()
+            except Exception:
+                log.exception("kas3 resolved listener failed")
 
     def _plan(self, key: str, runs: list[_Run]) -> _Plan:
         """The transaction of a flush into ``key``: its commits, the intents it registers

@@ -29,12 +29,21 @@ from typing import Any
 import flowmq_metrics as metrics
 from flowmq_commit.batcher import GroupCommitBatcher
 from flowmq_commit.clock import Clock
+from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_meta import MetaStore
 from flowmq_objstore import ObjectStore
 from flowmq_queue import index
 from flowmq_queue.bodies import BodyCache, load_run
-from flowmq_queue.consumers import MAX_AHEAD, Consumer, Delivery, Lease, LocalQueue
+from flowmq_queue.consumers import (
+    DEFAULT_WINDOW,
+    MAX_AHEAD,
+    PENDING,
+    Consumer,
+    Delivery,
+    Lease,
+    LocalQueue,
+)
 from flowmq_queue.entries import Run
 from flowmq_queue.index import QueueOptions, Settle, Want
 from flowmq_queue.round_txn import ClaimPlan, Ops, Round, RoundCommit, RoundResult
@@ -44,6 +53,10 @@ log = logging.getLogger("flowmq_queue")
 # Queues whose consumers wait without a watch are re-checked this often (watches can be lost).
 POLL_S = 1.0
 _RETRY_S = 0.2
+# A watch on a queue fired while this broker enqueued messages claimed ahead into it (their
+# commits change the watched key): the claim that looks for other brokers' messages waits
+# this long, so it runs once per interval rather than once per flush.
+OWN_WRITES_S = 0.05
 
 OptionsFn = Callable[[str, str], QueueOptions | None]
 PublishDeadFn = Callable[[str, str, bytes, Run], Awaitable[None]]
@@ -81,6 +94,8 @@ class ClaimRounds:
         self._ops: dict[Lease, Ops] = {}
         self._dead_done: list[tuple[str, str, bytes, Run]] = []
         self._gets: list[Consumer] = []
+        # Consumers given deliveries claimed ahead since the last ``hand_out_ahead``.
+        self._ahead_pump: list[Consumer] = []
         self._claim_base = 0
         self._round_commit = RoundCommit()
         self._riding: Round | None = None  # the round riding a flush now, if any
@@ -138,6 +153,7 @@ class ClaimRounds:
         lq = self._local(consumer.ns, consumer.queue)
         lq.consumers.append(consumer)
         lq.maybe_ready = True
+        lq.backlog = True
         self.start()
         self.kick()
 
@@ -153,9 +169,10 @@ class ClaimRounds:
         lq = self._queues.get((consumer.ns, consumer.queue))
         if lq is not None and consumer in lq.consumers:
             lq.consumers.remove(consumer)
-        if consumer.buffer:
-            self.give_back(list(consumer.buffer))
+        if consumer.buffer or consumer.held:
+            self.give_back([*consumer.buffer, *consumer.held])
             consumer.buffer.clear()
+            consumer.held.clear()
         self._forget_if_done(consumer)
 
     def _forget_if_done(self, consumer: Consumer) -> None:
@@ -192,7 +209,10 @@ class ClaimRounds:
         settle), whose claim then sees the message in the flush's own transaction.  Returns
         the stamp the enqueue's ``mark_ready`` passes back (0: no local consumer)."""
         lq = self._queues.get((ns, queue))
-        if lq is None or not lq.consumers:
+        if lq is None:
+            return 0
+        lq.backlog = True
+        if not lq.consumers:
             return 0
         lq.submitted += 1
         lq.maybe_ready = True
@@ -207,8 +227,11 @@ class ClaimRounds:
         ``flush_key``: the object of the flush that committed them, if one did."""
         lq = self._queues.get((ns, queue))
         if lq is not None:
+            if stamp > lq.committed:
+                lq.committed = stamp
             if 0 < stamp <= lq.covered:
                 return
+            lq.backlog = True
             riding = self._riding
             if (
                 stamp
@@ -225,6 +248,75 @@ class ClaimRounds:
             lq.fresh = True
             if any(c.credit() for c in lq.consumers):
                 self.kick()
+
+    def claim_ahead(self, ns: str, queue: str, message: Message, size: int) -> Delivery | None:
+        """Claim a message being published on this broker for a local consumer, before it is
+        stored: its enqueue then writes it leased to that consumer (no ready entry, no claim
+        round).  While the queue has no older ready messages of this broker's
+        (``LocalQueue.backlog``), it goes out at the end of this loop iteration, within the
+        consumer's credit: a waiting consumer gets it without waiting for the flush, as
+        RabbitMQ delivers before its fsync.  Otherwise it is *held* (``Consumer.held``, up to
+        ``MAX_AHEAD`` windows) until the older ones have gone out to that consumer, so that
+        publishing goes on claiming ahead and the backlog drains instead of every new
+        message joining it.  The publisher's confirm still waits for the commit; if the flush
+        fails, the delivery's settles are dropped (nothing was stored to settle).  None when
+        no consumer that takes claims ahead has room: the caller enqueues the usual way."""
+        lq = self._queues.get((ns, queue))
+        if lq is None or self._closing:
+            return None
+        consumers = lq.consumers
+        n = len(consumers)
+        backlog = lq.backlog
+        for i in range(n):
+            c = consumers[(lq.ahead_turn + i) % n]
+            if not c.claim_ahead or c.no_ack or not c.active or c.paused:
+                continue
+            window = c.prefetch or DEFAULT_WINDOW
+            if backlog:
+                if len(c.held) >= window * MAX_AHEAD:
+                    continue
+            elif window * c.ahead <= c.unacked + len(c.buffer):
+                continue
+            lq.ahead_turn = (lq.ahead_turn + i + 1) % n
+            lq.ahead_submitted += 1
+            delivery = Delivery(c, None, PENDING, message, False, ("", 0), size)
+            if backlog:
+                c.held.append(delivery)
+            else:
+                c.buffer.append(delivery)
+                if not c.pump_scheduled:
+                    self._ahead_pump.append(c)
+                    self.pump_soon(c)
+            return delivery
+        return None
+
+    def hand_out_ahead(self) -> None:
+        """Deliver what was claimed ahead so far, now (the caller's run of publishes is
+        over) rather than in the next loop iteration: the consumer's connection then writes
+        it at the start of that iteration, before the next reads are handled."""
+        consumers, self._ahead_pump = self._ahead_pump, []
+        for c in consumers:
+            c.pump()
+
+    def claimed_ahead(
+        self, ns: str, queue: str, shard: int, key: bytes, run: Run, deliveries: list[Delivery]
+    ) -> None:
+        """The enqueue of ``deliveries`` (claimed ahead, in ``run``'s order) committed them
+        leased under ``key``: give them the lease, and apply what was settled meanwhile."""
+        lease = Lease(ns, queue, shard, key, run, deliveries[0].consumer)
+        self._leases[id(lease)] = lease
+        early = None
+        for d, seq, start in zip(deliveries, run.seqs, run.starts, strict=True):
+            d.lease = lease
+            d.seq = seq
+            d.stored = None
+            d.location = (run.object_key, start)
+            if d.early:
+                if early is None:
+                    early = self._ops.get(lease) or self._ops.setdefault(lease, Ops())
+                getattr(early, d.early).add(seq)
+        if early is not None:
+            self.kick()
 
     def pump_soon(self, consumer: Consumer) -> None:
         """Deliver buffered messages once this loop iteration's acks are all counted."""
@@ -245,6 +337,9 @@ class ClaimRounds:
             elif consumer.reserved and consumer.ahead < MAX_AHEAD:
                 # Starved: acked everything it had while a claim is still on its way.
                 consumer.ahead += 1
+        if delivery.seq == PENDING:  # claimed ahead: settled once its enqueue commits
+            delivery.early = what
+            return
         if lease is None or lease.gone:
             return
         ops = self._ops.get(lease)
@@ -256,7 +351,9 @@ class ClaimRounds:
     def give_back(self, deliveries: list[Delivery]) -> None:
         """Claimed for a consumer that went away before delivery: back, attempt unchanged."""
         for d in deliveries:
-            if d.lease is not None and not d.lease.gone:
+            if d.seq == PENDING:
+                d.early = "release"
+            elif d.lease is not None and not d.lease.gone:
                 self._ops.setdefault(d.lease, Ops()).release.add(d.seq)
         self.kick()
 
@@ -322,7 +419,7 @@ class ClaimRounds:
             return None
         base = self._claim_base
         self._claim_base += 1_000_000
-        dirty = {id(lq): (lq.dirty, lq.submitted) for lq, _, _, _ in claims}
+        dirty = {id(lq): (lq.dirty, lq.submitted, lq.committed) for lq, _, _, _ in claims}
         return Round(
             now, lease_deadline, self.parts.holder, base, ops, dead_done, settles, claims, dirty
         )
@@ -448,7 +545,9 @@ class ClaimRounds:
             for key, run in out.dead:
                 self.spawn(self.publish_dead(lease.ns, lease.queue, key, run))
 
-    async def _apply_claims(self, result: RoundResult, dirty: dict[int, tuple[int, int]]) -> None:
+    async def _apply_claims(
+        self, result: RoundResult, dirty: dict[int, tuple[int, int, int]]
+    ) -> None:
         handouts: list[tuple[Consumer, list[Delivery]]] = []
         for lq, wants, claimed, expired in result.claims:
             self._account_claim(lq, wants, claimed, expired, dirty)
@@ -466,6 +565,13 @@ class ClaimRounds:
         for consumer, deliveries in handouts:
             self._hand_out(consumer, deliveries, result)
             self._forget_if_done(consumer)
+        for lq, _, _, _ in result.claims:
+            if not lq.backlog:
+                for consumer in lq.consumers:
+                    if consumer.held:  # nothing older is left to go out before them
+                        consumer.buffer.extend(consumer.held)
+                        consumer.held.clear()
+                        consumer.pump()
 
     def _account_claim(
         self,
@@ -473,7 +579,7 @@ class ClaimRounds:
         wants: list[Want],
         claimed: list[index.Claimed],
         expired: int,
-        dirty: dict[int, tuple[int, int]],
+        dirty: dict[int, tuple[int, int, int]],
     ) -> None:
         """Release the wants' reservations; a queue that gave less than asked (and had no
         local enqueue committed or submitted since) is not claimed from again until
@@ -485,10 +591,14 @@ class ClaimRounds:
             if c is not None:
                 c.reserved = max(0, c.reserved - w.n)
         got = sum(len(c.run) for c in claimed)
-        if got < sum(w.n for w in wants if not w.consumer.startswith("get#")) and (
-            _nothing_new(lq, dirty.get(id(lq)))
-        ):
-            lq.maybe_ready = False
+        taken = dirty.get(id(lq))
+        if got < sum(w.n for w in wants if not w.consumer.startswith("get#")):
+            if _nothing_new(lq, taken):
+                lq.maybe_ready = False
+            if _no_backlog(lq, taken):
+                lq.backlog = False
+        elif got:
+            lq.backlog = True  # (other brokers' enqueues: more may be left)
         if expired:
             log.debug("dropped %d expired messages of %s/%s", expired, lq.ns, lq.name)
 
@@ -539,15 +649,24 @@ class ClaimRounds:
         if not consumer.active or consumer.deliver is None:
             self.give_back(deliveries)
             return
-        consumer.buffer.extend(deliveries)
+        if consumer.held:
+            _merge_held(consumer, deliveries)
+        else:
+            consumer.buffer.extend(deliveries)
         consumer.pump()
 
     def _watch(self, lq: LocalQueue, watch: Any) -> None:
         lq.watching = True
+        armed_at = lq.ahead_submitted
 
         async def wait() -> None:
             try:
                 await watch
+                if lq.ahead_submitted != armed_at:
+                    # This broker's own enqueues claimed ahead change the watched seq too
+                    # (and need no claim): look for other brokers' messages a little later,
+                    # once for all of them, not after every flush.
+                    await asyncio.sleep(OWN_WRITES_S)
             except Exception:
                 pass
             finally:
@@ -569,10 +688,42 @@ class ClaimRounds:
             self.kick()
 
 
-def _nothing_new(lq: LocalQueue, taken: tuple[int, int] | None) -> bool:
+def _nothing_new(lq: LocalQueue, taken: tuple[int, int, int] | None) -> bool:
     """Nothing was committed to the queue since the round was ``taken`` (its ``dirty`` and
     ``submitted`` then), and nothing submitted that the round did not see."""
     if taken is None:
         return False
-    dirty, submitted = taken
+    dirty, submitted, _ = taken
     return lq.dirty == dirty and (lq.submitted == submitted or lq.submitted <= lq.covered)
+
+
+def _no_backlog(lq: LocalQueue, taken: tuple[int, int, int] | None) -> bool:
+    """A round ``taken`` then claimed fewer than it wanted: were this broker's ready messages
+    all among them?  Yes if nothing was committed or returned to the queue since that the
+    round did not see, and every local enqueue submitted so far (not claimed ahead) had
+    committed before the round was taken or was covered by it (committed in its flush)."""
+    if taken is None:
+        return False
+    dirty, _, committed = taken
+    return lq.dirty == dirty and lq.submitted <= max(lq.covered, committed)
+
+
+def _merge_held(consumer: Consumer, deliveries: list[Delivery]) -> None:
+    """Buffer claimed ``deliveries`` (stored, in seq order) with the consumer's held ones in
+    seq order: a held delivery older than a claimed one goes out before it.  One whose flush
+    is still in flight is newer than anything stored, and one whose flush failed (its seq
+    never came) is dropped: it was never stored, its publisher was refused."""
+    held = consumer.held
+    buffer = consumer.buffer
+    for d in deliveries:
+        while held:
+            h = held[0]
+            if h.seq == PENDING:
+                if h.stored is None or not h.stored.done():
+                    break
+                held.popleft()  # failed
+                continue
+            if h.seq > d.seq:
+                break
+            buffer.append(held.popleft())
+        buffer.append(d)

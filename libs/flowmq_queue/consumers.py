@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from flowmq_core.message import Message
 from flowmq_queue.entries import Run
@@ -50,6 +51,12 @@ class Consumer:
     ahead: int = AHEAD
     # Basic.Get: resolves to (the delivery or None, ready messages left).
     get_future: asyncio.Future[tuple[Delivery | None, int]] | None = None
+    # Whether a message published on this broker may be handed to it before it is stored
+    # (``ClaimRounds.claim_ahead``): the adapter settles deliveries whose lease comes later.
+    claim_ahead: bool = False
+    # Claimed ahead while older messages of the queue may still come through claims: they
+    # go into ``buffer`` behind those (claims.py ``_merge_held``).
+    held: collections.deque[Delivery] = dataclasses.field(default_factory=collections.deque)
 
     def credit(self) -> int:
         """How many more to claim.  Up to ``ahead`` prefetch windows are claimed, the part
@@ -107,15 +114,29 @@ class Lease:
 class Delivery:
     consumer: Consumer
     lease: Lease | None
-    seq: int
+    seq: int  # PENDING: claimed ahead, its enqueue not committed yet (no seq, no lease)
     message: Message
     redelivered: bool
     location: tuple[str, int]
     size: int
+    # A settle (``ClaimRounds.settle``'s ``what``) that came before the enqueue committed,
+    # applied once it has.
+    early: str = ""
+    # Claimed ahead: the enqueue's future until it has committed (done and still PENDING:
+    # the flush failed).
+    stored: Any = None
+
+
+# The seq of a delivery claimed ahead of its enqueue's commit.
+PENDING = -1
 
 
 class LocalQueue:
     __slots__ = (
+        "ahead_submitted",
+        "ahead_turn",
+        "backlog",
+        "committed",
         "consumers",
         "covered",
         "dirty",
@@ -133,6 +154,14 @@ class LocalQueue:
         self.name = name
         self.consumers: list[Consumer] = []
         self.maybe_ready = True
+        # Whether ready messages may be stored that a claim has not taken (set by every
+        # enqueue or return to ready this broker knows of, cleared with ``maybe_ready`` by a
+        # claim that found fewer than it wanted): while it is, nothing is claimed ahead, so a
+        # message never overtakes an older one of this broker's.
+        self.backlog = True
+        self.ahead_turn = 0
+        self.ahead_submitted = 0  # enqueues claimed ahead (claims.py: the watch)
+        self.committed = 0  # the last ``submitted`` stamp whose enqueue has committed
         self.watching = False
         self.dirty = 0  # bumped by every local enqueue commit / requeue
         self.fresh = False  # messages committed since the last claim: claim without delay

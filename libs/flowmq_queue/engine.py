@@ -70,7 +70,9 @@ class QueueEngine:
             clock,
         )
         self.dead_letter = dead_letter
-        self._commit = EnqueueCommit(self._enqueued)
+        self._commit = EnqueueCommit(
+            self._enqueued, holder=self.parts.holder, lease_ms=lease_ms, clock=clock
+        )
         self._cids = itertools.count(1)
         self.claims = ClaimRounds(
             self.parts,
@@ -99,12 +101,28 @@ class QueueEngine:
         if opts.ttl_ms is not None:
             ttl_end = message.timestamp_ms + opts.ttl_ms
             expires = min(expires, ttl_end) if expires else ttl_end
-        # Held until committed only to be cached (the body is encoded already).
-        ctx = EnqueueCtx(message if opts.cache_bodies else None, expires, opts)
+        # A queue with a size limit may refuse the message at commit: not claimed ahead.
+        delivery = None
+        if opts.max_bytes is None:
+            delivery = self.claims.claim_ahead(ns, queue, message, len(body))
+        # Held until committed only to be cached (the body is encoded already); one claimed
+        # ahead is in its consumer's hands already.
+        cached = message if opts.cache_bodies and delivery is None else None
+        ctx = EnqueueCtx(cached, expires, opts)
         future = self.parts.batcher.submit(("q", ns, queue), body, self._commit, ctx)
         ctx.future = future
-        ctx.stamp = self.claims.enqueue_submitted(ns, queue)
+        if delivery is None:
+            ctx.stamp = self.claims.enqueue_submitted(ns, queue)
+        else:
+            ctx.delivery = delivery
+            delivery.stored = future
         return future
+
+    def hand_out_ahead(self) -> None:
+        """Deliver the messages claimed ahead by the enqueues so far (``enqueue``'s callers
+        call it at the end of a run of publishes; otherwise they go out in the next loop
+        iteration)."""
+        self.claims.hand_out_ahead()
 
     def _enqueued(
         self, group: Any, results: list[Enqueued], object_key: str, sizes: list[int]
@@ -113,22 +131,34 @@ class QueueEngine:
         accepted = 0
         cache = self.parts.cache
         opts: QueueOptions = results[-1].ctx.opts
+        stamp = 0
+        # In-flight entry key -> (shard, run, the deliveries claimed ahead into it)
+        leased: dict[bytes, tuple[int, Run, list[Delivery]]] = {}
         for r, size in zip(results, sizes, strict=True):
             ctx = r.ctx
             if r.seq != REFUSED:
                 if ctx.message is not None:
                     cache.put((object_key, r.start), ctx.message, size)
                 accepted += 1
+                if r.leased is not None:
+                    shard, key, run = r.leased
+                    leased.setdefault(key, (shard, run, []))[2].append(ctx.delivery)
+                    ctx.delivery = None
+                else:
+                    stamp = ctx.stamp or stamp
             elif not ctx.future.done():
                 ctx.future.set_exception(_queue_full(ns, queue, r))
             # The future resolves to ``r``, which holds ``ctx``: without this, every enqueue
             # would be a reference cycle, freed only by a full collection (under load they
             # piled up by the 100,000 and raised the heap's high-water mark for good).
             ctx.future = None
+        for key, (shard, run, deliveries) in leased.items():
+            self.claims.claimed_ahead(ns, queue, shard, key, run, deliveries)
         if accepted:
             label = opts.metrics_label or queue
             metrics.queue_messages_enqueued_count.labels(ns, label).inc(accepted)
-            self.claims.mark_ready(ns, queue, results[-1].ctx.stamp, object_key)
+            if accepted > sum(len(run) for _, run, _ in leased.values()):
+                self.claims.mark_ready(ns, queue, stamp, object_key)
 
     # --- consumers -------------------------------------------------------------------------
 
@@ -141,8 +171,13 @@ class QueueEngine:
         *,
         prefetch: int = 0,
         no_ack: bool = False,
+        claim_ahead: bool = False,
     ) -> Consumer:
+        """``claim_ahead``: messages published on this broker may be handed to the consumer
+        before they are stored (``ClaimRounds.claim_ahead``); its settles of them are applied
+        once they are, and dropped if they never are."""
         consumer = Consumer(ns, queue, tag, f"{tag}#{next(self._cids)}", deliver, prefetch, no_ack)
+        consumer.claim_ahead = claim_ahead
         self.claims.add(consumer)
         return consumer
 

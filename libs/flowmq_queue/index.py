@@ -143,6 +143,24 @@ def append_runs(
     return written
 
 
+def lease_runs(
+    tr: Transaction, ns: str, queue: str, shard: int, run: Run, delta: Delta
+) -> list[tuple[bytes, Run]]:
+    """Write ``run`` (given its seqs and its lease) as in-flight entries of messages that
+    never were ready (claimed ahead at enqueue); returns each entry's key and run (one
+    reference each, counted by the caller)."""
+    entries = []
+    for start in range(0, len(run), MAX_RUN):
+        part = run.slice(start, min(start + MAX_RUN, len(run)))
+        key = inflight_key(ns, queue, shard, part.first)
+        tr.set(key, part.encode())
+        entries.append((key, part))
+    delta.count(ns, queue, COUNT, len(run))
+    delta.count(ns, queue, BYTES, run.total_size)
+    delta.count(ns, queue, INFLIGHT, len(run))
+    return entries
+
+
 def next_seq(tr: Transaction, ns: str, queue: str) -> int:
     return decode_int(tr.get(stat_key(ns, queue, SEQ)))
 

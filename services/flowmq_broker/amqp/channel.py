@@ -289,6 +289,7 @@ class Channel:
             messages_routed, deliveries = self._planned
             if messages_routed:
                 self.shared.router.count_published(self.conn.namespace, messages_routed, deliveries)
+            self.shared.queues.engine.hand_out_ahead()
 
     def _route(self, exchange_name: str, routing_key: str) -> str | None:
         """The canonical topic a publish to ``exchange_name`` with ``routing_key`` goes to
@@ -408,12 +409,19 @@ class Channel:
     def _schedule_confirms(self) -> None:
         if not self._confirm_scheduled:
             self._confirm_scheduled = True
+            # Sent by ``AmqpState.send_due_confirms`` once a flush's futures have all been
+            # told, in the same loop iteration; the call below is for the other cases (a
+            # publish nothing stores, a destination that is not the batcher's).
+            self.shared.confirms_due.add(self)
             # ``asyncio.get_running_loop()`` costs a getpid() system call.
             self.conn.loop.call_soon(self._send_confirms)
 
     def _send_confirms(self) -> None:
         """Confirm the finished prefix, acks coalesced with ``multiple``."""
+        if not self._confirm_scheduled:
+            return  # sent already (``AmqpState.send_due_confirms``)
         self._confirm_scheduled = False
+        self.shared.confirms_due.discard(self)
         if self._finished:
             self.conn.publish_finished(self._finished)
             self._finished = 0

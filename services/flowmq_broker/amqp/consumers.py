@@ -268,6 +268,7 @@ class Consumers:
                 lambda deliveries: self.deliver_durable(ctag, deliveries),
                 prefetch=prefetch,
                 no_ack=bool(m.no_ack),
+                claim_ahead=True,
             )
             if self.conn.paused_writing or not self.flow_active:
                 engine.set_paused(consumer, True)

@@ -39,9 +39,19 @@ class AmqpState:
         # (namespace, queue) -> the consumer that consumes it exclusively.
         self.exclusive_consumers: dict[tuple[str, str], Any] = {}
         self._topics: dict[tuple[str, str, str], str | None] = {}
+        # Channels with confirms to send (``Channel._schedule_confirms``): sent when the
+        # batcher has told a flush's futures, right after their callbacks ran, instead of a
+        # loop iteration later.
+        self.confirms_due: set[Any] = set()
+        self.queues.engine.parts.batcher.resolved_listeners.append(self.send_due_confirms)
         # The TLS settings once the amqps listener runs: a client certificate's CN may be the
         # login (SASL EXTERNAL, with tls_cert_as_username).
         self.tls: ServerTls | None = None
+
+    def send_due_confirms(self) -> None:
+        channels, self.confirms_due = self.confirms_due, set()
+        for channel in channels:
+            channel._send_confirms()
 
     def publish_topic(self, exchange: str, routing_key: str, exchange_type: str) -> str | None:
         """Canonical topic of a publish, None when no topic can express it (unroutable)."""

@@ -133,6 +133,23 @@ async def test_one_put_and_one_transaction_per_flush_for_many_groups(
     await batcher.close()
 
 
+async def test_resolved_listeners_run_once_per_flush_after_its_futures_callbacks(
+    meta: CountingMetaStore, objects: CountingObjectStore
+) -> None:
+    """A listener hears of a flush once, right after the callbacks of its futures ran (the
+    AMQP channels answer all of the flush's publishes from those callbacks at once)."""
+    batcher = await started_batcher(meta, objects)
+    events: list[str] = []
+    batcher.resolved_listeners.append(lambda: events.append("resolved"))
+    futures = [batcher.submit("g", b"x%d" % i, RECORDING, f"r{i}") for i in range(3)]
+    for i, f in enumerate(futures):
+        f.add_done_callback(lambda _, i=i: events.append(f"done {i}"))
+    await batcher.flush()
+    await asyncio.sleep(0)  # the callbacks' iteration
+    assert events == ["done 0", "done 1", "done 2", "resolved"]
+    await batcher.close()
+
+
 def flush_latency_count(stage: str) -> float:
     return REGISTRY.get_sample_value("kas3_flush_latency_count", {"stage": stage}) or 0.0
 

@@ -47,10 +47,18 @@ class Env:
         ]
         return list(await asyncio.gather(*futures))
 
-    def consumer(self, name: str, prefetch: int = 0, no_ack: bool = False) -> Inbox:
+    def consumer(
+        self, name: str, prefetch: int = 0, no_ack: bool = False, claim_ahead: bool = False
+    ) -> Inbox:
         inbox = Inbox()
         inbox.consumer = self.engine.subscribe(
-            "default", name, f"c{id(inbox)}", inbox.deliver, prefetch=prefetch, no_ack=no_ack
+            "default",
+            name,
+            f"c{id(inbox)}",
+            inbox.deliver,
+            prefetch=prefetch,
+            no_ack=no_ack,
+            claim_ahead=claim_ahead,
         )
         return inbox
 

@@ -8,10 +8,11 @@ import asyncio
 import pytest
 
 from flowmq_commit import MaintenanceOptions, collect_garbage
+from flowmq_commit.errors import StoreUnavailable
 from flowmq_core.message import Message
 from flowmq_meta.keys import OBJECT_REFS, QUEUE_INFLIGHT, QUEUE_READY
 from flowmq_queue import QueueEngine, QueueFull, QueueOptions
-from tests.fixtures.counting import CountingObjectStore
+from tests.fixtures.counting import CountingObjectStore, hold_puts
 from tests.fixtures.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(30)
@@ -414,3 +415,129 @@ async def test_enqueues_after_the_riding_round_in_the_same_flush_need_no_claim_o
         await env.settle()
         assert inbox.payloads() == [b"m0", b"m1"]
         assert count[0] == 2  # the two flushes; the second one's round claimed both
+
+
+async def test_claim_ahead_delivers_before_the_commit_without_a_claim_round(env) -> None:
+    """A consumer that takes claims ahead gets a message published on this broker while its
+    flush is still writing; the flush stores it leased to that consumer: one in-flight
+    entry, nothing ready, and no claim transaction."""
+    env.queue("q")
+    inbox = env.consumer("q", prefetch=10, claim_ahead=True)
+    await env.settle()  # the first round finds the queue empty
+    gated = hold_puts(env.batcher)
+    opts = env.options[("default", "q")]
+    with env.counted_transactions() as count:
+        futures = [
+            env.engine.enqueue("default", "q", Message("q", b"m%d" % i), opts) for i in range(3)
+        ]
+        await inbox.wait(3)
+        assert not any(f.done() for f in futures)  # delivered, not yet stored
+        assert inbox.payloads() == [b"m0", b"m1", b"m2"]
+        gated.put_gate.set()
+        await asyncio.gather(*futures)
+        assert count[0] == 1  # the flush alone
+    ready, leased = await env.engine.parts.meta.transact(
+        lambda tr: (tr.get_range(*QUEUE_READY.range()), tr.get_range(*QUEUE_INFLIGHT.range()))
+    )
+    assert ready == [] and len(leased) == 1
+    for d in inbox.items:
+        env.engine.ack(d)
+    await env.settle()
+    stats = await env.engine.stats("default", "q")
+    assert stats["count"] == 0 and stats["inflight"] == 0 and stats["bytes"] == 0
+
+
+async def test_claim_ahead_is_handed_out_at_the_end_of_the_publishers_run(env) -> None:
+    """``hand_out_ahead`` delivers what was claimed ahead at once, in the same loop
+    iteration as the enqueues (the AMQP channel calls it after a run of publishes)."""
+    env.queue("q")
+    inbox = env.consumer("q", prefetch=10, claim_ahead=True)
+    await env.settle()
+    opts = env.options[("default", "q")]
+    futures = [env.engine.enqueue("default", "q", Message("q", b"m%d" % i), opts) for i in range(2)]
+    assert inbox.items == []
+    env.engine.hand_out_ahead()
+    assert inbox.payloads() == [b"m0", b"m1"]
+    await asyncio.gather(*futures)
+
+
+async def test_claim_ahead_settles_given_before_the_commit_apply_after_it(env) -> None:
+    """An ack and a requeue of messages claimed ahead, given before their flush committed,
+    take effect once it has: the acked one is gone, the requeued one comes back with the
+    redelivered flag."""
+    env.queue("q")
+    inbox = env.consumer("q", prefetch=10, claim_ahead=True)
+    await env.settle()
+    gated = hold_puts(env.batcher)
+    opts = env.options[("default", "q")]
+    futures = [env.engine.enqueue("default", "q", Message("q", b"m%d" % i), opts) for i in range(3)]
+    await inbox.wait(3)
+    env.engine.ack(inbox.items[0])
+    env.engine.reject(inbox.items[1], requeue=True)
+    gated.put_gate.set()
+    await asyncio.gather(*futures)
+    redelivered = (await inbox.wait(4))[3]
+    assert redelivered.message.payload == b"m1" and redelivered.redelivered
+    assert len(inbox.items) == 4
+    env.engine.ack(inbox.items[2])
+    env.engine.ack(redelivered)
+    await env.settle()
+    stats = await env.engine.stats("default", "q")
+    assert stats["count"] == 0 and stats["inflight"] == 0 and stats["bytes"] == 0
+
+
+async def test_claim_ahead_waits_for_older_ready_messages(env) -> None:
+    """Messages stored before the consumer came are delivered first: nothing is claimed
+    ahead while the queue may have a backlog, so a new message never overtakes it."""
+    env.queue("q", shards=1)
+    await env.publish("q", *[b"old%d" % i for i in range(5)])
+    inbox = env.consumer("q", prefetch=100, claim_ahead=True)
+    await env.publish("q", b"new")
+    await inbox.wait(6)
+    assert inbox.payloads() == [*(b"old%d" % i for i in range(5)), b"new"]
+
+
+async def test_claim_ahead_settles_are_dropped_when_the_flush_fails(env) -> None:
+    """A message claimed ahead whose flush fails was never stored: the publisher's future
+    fails, and the consumer's ack of it changes nothing."""
+    env.queue("q")
+    inbox = env.consumer("q", prefetch=10, claim_ahead=True)
+    await env.settle()
+    gated = hold_puts(env.batcher)
+    gated.fail_puts = 1
+    future = env.engine.enqueue(
+        "default", "q", Message("q", b"lost"), env.options[("default", "q")]
+    )
+    await inbox.wait(1)
+    env.engine.ack(inbox.items[0])
+    gated.put_gate.set()
+    with pytest.raises(StoreUnavailable):
+        await future
+    await env.settle()
+    assert not env.engine.claims.pending()
+    stats = await env.engine.stats("default", "q")
+    assert stats["count"] == 0 and stats["inflight"] == 0
+
+
+async def test_claim_ahead_holds_new_messages_behind_a_backlog(env) -> None:
+    """Published while older messages still wait in the queue, new messages are claimed
+    ahead but held: the consumer gets every old one first, then the new ones, in order,
+    and the new ones never became ready entries (their leases were written at enqueue)."""
+    env.queue("q", shards=2)
+    await env.publish("q", *[b"old%d" % i for i in range(10)])
+    inbox = env.consumer("q", prefetch=2, claim_ahead=True)
+    await inbox.wait(2)
+    await env.publish("q", *[b"new%d" % i for i in range(6)])
+    expected = [*(b"old%d" % i for i in range(10)), *(b"new%d" % i for i in range(6))]
+    acked = 0
+    while acked < len(expected):
+        await inbox.wait(acked + 1)
+        for d in inbox.items[acked:]:
+            env.engine.ack(d)
+            acked += 1
+    assert inbox.payloads() == expected
+    assert all(d.lease is not None for d in inbox.items[10:])
+    assert all(d.lease.run.claim_id.startswith("a") for d in inbox.items[10:])
+    await env.settle()
+    stats = await env.engine.stats("default", "q")
+    assert stats["count"] == 0 and stats["inflight"] == 0

@@ -141,7 +141,7 @@ MAX_CHECKED_GROUPS = 100_000
 DEFAULT_HIGH_WATER = 64 * 1024 * 1024
 # Chunks not yet committed past which publishers are paused too (config
 # ``pending_writes_high_water_chunks``); they resume below half of it.
-DEFAULT_HIGH_WATER_CHUNKS = 4096
+DEFAULT_HIGH_WATER_CHUNKS = 1024
 # Pauses less than this many seconds apart are logged as one (one line when the first
 # starts, one when the last has been over this long), so a flapping backlog cannot flood
 # the log.

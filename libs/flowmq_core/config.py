@@ -123,8 +123,9 @@ class BrokerConfig:
     # …and durable writes (chunks: a Kafka partition's records of one Produce, a Queue
     # message, a persistent MQTT session's copy of a message) waiting for their flush to
     # commit: each costs about a kilobyte while it waits, however small (an MQTT message
-    # fanned out to offline sessions is one per session). Resumed below half. 0: not counted.
-    pending_writes_high_water_chunks: int = 4096
+    # fanned out to offline sessions is one per session), and their peak stays as the heap's
+    # high-water mark (benchmarks/README.md, fuzz.py). Resumed below half. 0: not counted.
+    pending_writes_high_water_chunks: int = 1024
     # The process's resident memory, bytes, past which publishers are paused the same way
     # (checked every second; resumed below 90 % of it). 0: no limit.
     memory_limit: int = 0

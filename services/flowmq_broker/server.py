@@ -31,6 +31,7 @@ from flowmq_broker.operations import OperationsBackend
 from flowmq_broker.queues import QueueService
 from flowmq_broker.readiness import Readiness
 from flowmq_broker.routing import CatalogSync, Router
+from flowmq_broker.runtime import HEAP_TRIM_INTERVAL_S, trim_heap
 from flowmq_broker.services import BrokerServices
 from flowmq_broker.streams import StreamDestinationType
 from flowmq_broker.tls import ServerTls, TlsError, server_tls
@@ -171,6 +172,8 @@ class Broker(OperationsBackend):
         # memory_limit, when set: resident memory checked every second.
         self.memory_budget: MemoryBudget | None = None
         self.memory_watch: PeriodicTask | None = None
+        # The C heaps' free pages given back to the OS now and then (runtime.trim_heap).
+        self.heap_trim: PeriodicTask | None = None
         self.queues: QueueService | None = None
         self.cluster: ClusterRouting | None = None
         self.cluster_secret: ClusterSecret | None = None
@@ -436,6 +439,8 @@ class Broker(OperationsBackend):
                 "memory-limit", MEMORY_CHECK_INTERVAL_S, self.memory_budget.check
             )
             self.memory_watch.start()
+        self.heap_trim = PeriodicTask("heap-trim", HEAP_TRIM_INTERVAL_S, _trim_heap)
+        self.heap_trim.start()
         self._write_ports()
         if self.gossip is not None:
             self.gossip.update_meta({"roles": cfg.roles, "ports": self.ports})
@@ -631,6 +636,7 @@ class Broker(OperationsBackend):
         parts: list[tuple[str, Any, str]] = [
             ("stop stream maintenance", self.maintenance, "stop"),
             ("stop the memory check", self.memory_watch, "stop"),
+            ("stop the heap trim", self.heap_trim, "stop"),
             ("stop the queues", self.queues, "stop"),
             ("flush group offset resets", self.group_admin, "close"),
             ("stop the catalog sync", self.sync, "stop"),
@@ -650,3 +656,7 @@ async def _logged(what: str, step: Awaitable[Any]) -> None:
         await step
     except Exception:
         log.exception("could not %s", what)
+
+
+async def _trim_heap() -> None:
+    trim_heap()

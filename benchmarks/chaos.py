@@ -829,8 +829,14 @@ class Faults(threading.Thread):
 # --- the run and the checker -----------------------------------------------------------------
 
 
-def read_stream(cluster: ChaosCluster, name: str, partitions: int) -> Counter:
-    """Every record value of Stream ``name``, counted (admin API, page by page)."""
+def read_stream(
+    cluster: ChaosCluster,
+    name: str,
+    partitions: int,
+    where: dict[str, tuple[int, int]] | None = None,
+) -> Counter:
+    """Every record value of Stream ``name``, counted (admin API, page by page); ``where``
+    gets each value's first (partition, offset)."""
     values: Counter = Counter()
     for partition in range(partitions):
         offset = None
@@ -841,6 +847,8 @@ def read_stream(cluster: ChaosCluster, name: str, partitions: int) -> Counter:
             page = cluster.http("GET", f"/streams/{name}/messages?{query}")
             for record in page["records"]:
                 values[record["value"]] += 1
+                if where is not None:
+                    where.setdefault(record["value"], (partition, record["offset"]))
             offset = page["next_offset"]
             if offset >= page["high_watermark"] or not page["records"]:
                 break
@@ -1019,6 +1027,18 @@ def _flow_report(flow: Flow, t0: float, stored: Counter | None = None) -> dict[s
     }
 
 
+def _offset_ranges(positions: list[tuple[int, int]]) -> list[str]:
+    """``partition:first-last (count)`` for each run of consecutive offsets."""
+    ranges: list[list[int]] = []
+    for partition, offset in positions:
+        if ranges and ranges[-1][0] == partition and ranges[-1][2] + 1 == offset:
+            ranges[-1][2] = offset
+            ranges[-1][3] += 1
+        else:
+            ranges.append([partition, offset, offset, 1])
+    return [f"{p}:{a}-{b} ({n})" for p, a, b, n in ranges]
+
+
 def check(
     cluster: ChaosCluster,
     kafka: Flow,
@@ -1029,7 +1049,8 @@ def check(
     consumers: list[Worker],
     t0: float,
 ) -> dict[str, Any]:
-    kafka_log = read_stream(cluster, KAFKA_STREAM, KAFKA_PARTITIONS)
+    kafka_where: dict[str, tuple[int, int]] = {}
+    kafka_log = read_stream(cluster, KAFKA_STREAM, KAFKA_PARTITIONS, kafka_where)
     mqtt_log = read_stream(cluster, MQTT_STREAM, 1)
     kafka_report = _flow_report(kafka, t0, kafka_log)
     kafka_report["lost_from_log"] = len(kafka.acked - set(kafka_log))
@@ -1042,6 +1063,10 @@ def check(
         1 for v, n in kafka_log.items() if n > 1 and v not in kafka.resent
     )
     kafka_report["offsets_backwards"] = backwards
+    # Where the records stored but never consumed sit: a run of offsets skipped in one
+    # partition points at the fetch path, records spread over partitions at the group.
+    unconsumed = sorted(kafka_where[v] for v in set(kafka_log) - set(kafka.received))
+    kafka_report["not_delivered_ranges"] = _offset_ranges(unconsumed)[:20]
     mqtt_report: dict[str, Any] = {
         "acknowledged": len(mqtt_pubs.acked),
         "stream": {
@@ -1104,7 +1129,12 @@ def summary(report: dict[str, Any]) -> str:
         f"{report['kafka']['log_duplicates_not_resent']}, consumer duplicates "
         f"{report['kafka']['duplicates_received']}, offsets backwards "
         f"{len(report['kafka']['offsets_backwards'])}, producer fatal errors "
-        f"{len(report['kafka']['producer_fatal_errors'])}",
+        f"{len(report['kafka']['producer_fatal_errors'])}"
+        + (
+            f", stored but not consumed at {', '.join(report['kafka']['not_delivered_ranges'])}"
+            if report["kafka"]["not_delivered_ranges"]
+            else ""
+        ),
         f"mqtt: {mqtt['acknowledged']} acknowledged, lost {mqtt['lost']} (stream "
         f"{mqtt['stream']['lost']}; subscribers "
         + ", ".join(f"{n}: {s['lost']} of {s['acknowledged']}" for n, s in subs.items())

@@ -18,6 +18,8 @@ When a node dies, one survivor adopts what it left (its MQTT sessions, with thei
 then clears its routes from the meta store; until then every broker keeps the dead node's
 routes and refuses a QoS 1/2 message that matches one (the publisher sends it again), so that
 no message for a persistent session is acknowledged while no node holds that session.
+Likewise a node that hands a session over to another (``hand_over``) keeps its route until
+every live peer has read the new holder's routes.
 
 A QoS 1/2 message forwarded to another node is acknowledged to its publisher only once every
 receiving node confirmed it (delivered to its connected subscribers, stored for the offline

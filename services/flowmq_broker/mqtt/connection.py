@@ -830,13 +830,18 @@ class MqttConnection(asyncio.Protocol):
         session goes with it (nothing of it is stored: a reconnect is told session present
         0, as after a restart); a resumed one stays as it was last stored."""
         try:
-            if not await self.server.save_session(session):
+            server = self.server
+            if not await server.save_session(session):
                 # Adopted by another node meanwhile (this one was declared dead): the
-                # client takes it over from there when it reconnects.
+                # client takes it over from there when it reconnects.  This node's route
+                # stays until every node routes the session to that one (``hand_over``).
+                holder = await server.session_holder(session.namespace, session.client_id)
                 if session.connection is self:
                     self.take_over()
-                if self.server.sessions.get((session.namespace, session.client_id)) is session:
-                    self.server.discard_session(session, forget=False, redistribute=False)
+                if server.sessions.get((session.namespace, session.client_id)) is session:
+                    server.discard_session(
+                        session, forget=False, redistribute=False, handed_to=holder
+                    )
         except Exception as exc:
             log.warning("mqtt %s: could not store the session: %s", self.client_id, exc)
             ours = session.connection is self

@@ -398,8 +398,17 @@ class MqttServer:
                 session.adopted = True
                 adopted.append((session, owner))
             restored += 1
+        # Routed here before the records say so: a node that still holds one of them (it was
+        # declared dead while paused) lets it go when it finds the record ours, and keeps its
+        # route until every node has read ours (``hand_over``); written before ours, its
+        # route went and ours was not out (the meta store slow under load), and a publisher
+        # window matched no route and was acknowledged without being stored.
+        routed = self.cluster.routes_published() if adopted and self.cluster is not None else None
         for i, (session, owner) in enumerate(adopted):  # ours now, unless taken meanwhile
             try:
+                if routed is not None:
+                    await routed
+                    routed = None
                 holder = await self._store_record(
                     session, taking_from=owner, taking_process=dead_process
                 )
@@ -540,9 +549,13 @@ class MqttServer:
         """Whether the stored record of ``client_id``'s session names this node (or there is
         none): a session held here may have been adopted by another node while this one was
         declared dead (paused, cut off), and is then that node's, not to be resumed here."""
+        return await self.session_holder(namespace, client_id) in (None, self.node_id)
+
+    async def session_holder(self, namespace: str, client_id: str) -> str | None:
+        """The node the stored record of ``client_id``'s session names (None: no record)."""
         key = keys.SESSIONS.pack(namespace, client_id)
         raw = await self.meta.transact(lambda tr: tr.get(key))
-        return raw is None or json.loads(raw).get("node", self.node_id) == self.node_id
+        return None if raw is None else str(json.loads(raw).get("node", self.node_id))
 
     def kick(self, namespace: str, client_id: str, *, clean: bool) -> None:
         """Tell every other node to end its connection and session of ``client_id``

@@ -148,3 +148,31 @@ async def test_a_session_whose_taker_dies_during_the_takeover_is_adopted(answere
     assert await b.adopt_sessions("c", c.process)
     assert KEY in b.sessions and await b.owns_session(*KEY)
     assert [sub.topic_filter for sub in b.sessions[KEY].subscriptions.values()] == ["own/#"]
+
+
+async def test_an_adopted_sessions_routes_are_out_before_its_record_names_the_adopter() -> None:
+    """c was declared dead while paused, and resumes holding the session b adopts: c lets it
+    go once it finds the record b's, and its route goes.  b's route must be out before: the
+    record written first (b's route write slow, the meta store under load), no node routed
+    the session for a moment, and a publisher window was acknowledged without being stored
+    (the pause test lost 20 messages so)."""
+    meta = MemoryMetaStore()
+    c, b = broker("c", meta), broker("b", meta)
+    await persistent_session(c)
+    await b.cluster.start(0, b.router)
+    holders_at_push: list[str | None] = []
+
+    async def request_all(frame: list[Any], timeout: float) -> list[Any]:
+        if frame[0] == "route":  # b's route version going out to its peers
+            holders_at_push.append(await b.session_holder(*KEY))
+        return []
+
+    b.cluster._live = {"c": ("127.0.0.1", 1)}  # c is alive to b again by the time it pushes
+    b.cluster.request_all = request_all  # type: ignore[method-assign]
+    try:
+        assert await b.restore_sessions("c", c.process) == 1
+    finally:
+        b.cluster._live = {}
+        await b.cluster.stop()
+    assert holders_at_push and holders_at_push[0] == "c"
+    assert await b.owns_session(*KEY)

@@ -695,9 +695,16 @@ class MqttConnection(asyncio.Protocol):
                 return
             if self.transport is not None and not self.delivery.is_paused(self):
                 self.transport.resume_reading()
-            self._attach_session(p, expiry, assigned)
+            stored = self._attach_session(p, expiry, assigned)
             self._replay(held)
             self.delivery.flush_dirty()
+            if stored is not None:
+                # The next CONNECT of this client id looks at the session as its record left
+                # it.  Ended meanwhile (the record named another node: adopted while this
+                # one was paused), the session was gone when that CONNECT attached, which
+                # then started a new one beside the adopter's (session present 0): queued
+                # CONNECTs of a client that gave up on a paused node each did so.
+                await asyncio.shield(stored)
         finally:
             server.end_connect_turn(key, turn)
 
@@ -754,8 +761,11 @@ class MqttConnection(asyncio.Protocol):
         except Exception:
             log.exception("mqtt %s: could not take the session over", self.client_id)
 
-    def _attach_session(self, p: Connect, expiry: int, assigned: str | None) -> None:
-        """CONNECT, second half: the session is here (or nowhere): take it, send CONNACK."""
+    def _attach_session(
+        self, p: Connect, expiry: int, assigned: str | None
+    ) -> asyncio.Task[None] | None:
+        """CONNECT, second half: the session is here (or nowhere): take it, send CONNACK.
+        Returns the store of a persistent session's record (None: nothing to store)."""
         server = self.server
         client_id = self.client_id
         v5 = self.level == 5
@@ -821,7 +831,8 @@ class MqttConnection(asyncio.Protocol):
         if session_present:
             self._resume(session)
         if session.persistent():
-            self._loop.create_task(self._store_session(session, resumed=session_present))
+            return self._loop.create_task(self._store_session(session, resumed=session_present))
+        return None
 
     async def _store_session(self, session: Session, *, resumed: bool) -> None:
         """Store the session's record.  If the meta store fails, the client must not go on

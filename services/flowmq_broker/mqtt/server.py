@@ -632,18 +632,21 @@ class MqttServer:
         except Exception as exc:  # none is known to be ours: all end (their clients return)
             log.warning("mqtt: could not read the session records: %s", exc)
             rows = []
-        ours = {
-            (keys.SESSIONS.unpack(key)[0], record["client_id"])
+        holders = {
+            (keys.SESSIONS.unpack(key)[0], record["client_id"]): record.get("node", self.node_id)
             for key, raw in rows
-            if (record := json.loads(raw)).get("node", self.node_id) == self.node_id
+            if (record := json.loads(raw))
         }
         ended = 0
         for key, session in list(self.sessions.items()):
-            if key in self._connect_turns or (session.persistent() and key in ours):
+            holder = holders.get(key)
+            if key in self._connect_turns or (session.persistent() and holder == self.node_id):
                 continue
             if session.connection is not None:
                 session.connection.take_over()
-            self.discard_session(session, forget=False, redistribute=False)
+            # The route stays until every node routes the session to its holder (hand_over).
+            handed_to = holder if session.persistent() else None
+            self.discard_session(session, forget=False, redistribute=False, handed_to=handed_to)
             ended += 1
         log.info("mqtt: %d sessions ended here, %d kept", ended, len(self.sessions))
 

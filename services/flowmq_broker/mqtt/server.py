@@ -632,11 +632,12 @@ class MqttServer:
         except Exception as exc:  # none is known to be ours: all end (their clients return)
             log.warning("mqtt: could not read the session records: %s", exc)
             rows = []
-        holders = {
-            (keys.SESSIONS.unpack(key)[0], record["client_id"]): record.get("node", self.node_id)
-            for key, raw in rows
-            if (record := json.loads(raw))
-        }
+        holders: dict[tuple[str, str], str] = {}
+        for key, raw in rows:
+            record = json.loads(raw)
+            holders[(keys.SESSIONS.unpack(key)[0], record["client_id"])] = record.get(
+                "node", self.node_id
+            )
         ended = 0
         for key, session in list(self.sessions.items()):
             holder = holders.get(key)

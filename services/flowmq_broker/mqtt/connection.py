@@ -688,7 +688,12 @@ class MqttConnection(asyncio.Protocol):
         key = (self.namespace, self.client_id)
         turn = await server.connect_turn(key)
         try:
-            await self._take_session(p)
+            taken = await self._take_session(p)
+            if taken is not None and server.sessions.get(key) is not taken:
+                # Let go while it was being taken (a SUBSCRIBE of an earlier connection found
+                # the record another node's: adopted while this one was paused): taken again,
+                # from where the record says it is, rather than a new session beside it.
+                await self._take_session(p)
             held, self._held = self._held or [], None
             if self.closing:
                 self._release_taken(key)
@@ -719,7 +724,7 @@ class MqttConnection(asyncio.Protocol):
         if session is not None and session.connection is None and server.offline is not None:
             server.offline.release(session)
 
-    async def _take_session(self, p: Connect) -> None:
+    async def _take_session(self, p: Connect) -> Session | None:
         """Make the session of a CONNECT current here.  Without clean start it may be on
         another node, or have outlived a dead one (its record is in the meta store): taken
         over first.  One held here is resumed only if its record still
@@ -763,8 +768,10 @@ class MqttConnection(asyncio.Protocol):
                 # sent once the session is idle (offline.py).
                 budget = min(TAKE_BUDGET_S, p.keep_alive / 2) if p.keep_alive else TAKE_BUDGET_S
                 session.queue.extend(await offline.take(session, budget))
+            return session
         except Exception:
             log.exception("mqtt %s: could not take the session over", self.client_id)
+            return None
 
     def _attach_session(
         self, p: Connect, expiry: int, assigned: str | None

@@ -427,3 +427,21 @@ async def test_a_survivors_routes_are_read_before_the_dead_nodes_are_forgotten(n
     await b.cluster.anti_entropy()
     assert seen and all(seen), f"d/x was routed nowhere from b for a moment: {seen}"
     assert b.cluster.nodes_matching("default", "d/x") == {"a"}
+
+
+async def test_a_live_nodes_routes_cleared_by_a_survivor_stay_until_it_rejoins(nodes):
+    """a took c for dead (c was paused) and cleared c's routes just after c resumed and took
+    a session back.  b, reading c's routes afresh (a hand-over to c asks it to), must keep
+    those it holds until c announces its routes again: forgotten, the session's filter was
+    routed nowhere from b until c's rejoin, and the pause test lost 3 messages so."""
+    a, b, c, meta = nodes
+    await routed(c.subscribe("c1", "p/#"))
+    assert await a.cluster._clear_node("c", c.cluster.token)  # c alive to b all along
+    seen = watch_routes(b, "p/1")
+    await b.cluster.routes_read("c")
+    await b.cluster.anti_entropy()
+    assert all(seen) and b.cluster.nodes_matching("default", "p/1") == {"c"}
+    await c.cluster.anti_entropy()  # c finds its routes cleared and announces them afresh
+    await b.cluster._reload_soon("c")
+    assert b.cluster._applied["c"][0] == c.cluster.token
+    assert all(seen) and b.cluster.nodes_matching("default", "p/1") == {"c"}

@@ -688,16 +688,28 @@ class MqttConnection(asyncio.Protocol):
         key = (self.namespace, self.client_id)
         turn = await server.connect_turn(key)
         try:
-            await self._take_session(p)
+            taken = await self._take_session(p)
+            if taken is not None and server.sessions.get(key) is not taken:
+                # Let go while it was being taken (a SUBSCRIBE of an earlier connection found
+                # the record another node's: adopted while this one was paused): taken again,
+                # from where the record says it is, rather than a new session beside it.
+                await self._take_session(p)
             held, self._held = self._held or [], None
             if self.closing:
                 self._release_taken(key)
                 return
             if self.transport is not None and not self.delivery.is_paused(self):
                 self.transport.resume_reading()
-            self._attach_session(p, expiry, assigned)
+            stored = self._attach_session(p, expiry, assigned)
             self._replay(held)
             self.delivery.flush_dirty()
+            if stored is not None:
+                # The next CONNECT of this client id looks at the session as its record left
+                # it.  Ended meanwhile (the record named another node: adopted while this
+                # one was paused), the session was gone when that CONNECT attached, which
+                # then started a new one beside the adopter's (session present 0): queued
+                # CONNECTs of a client that gave up on a paused node each did so.
+                await asyncio.shield(stored)
         finally:
             server.end_connect_turn(key, turn)
 
@@ -712,7 +724,7 @@ class MqttConnection(asyncio.Protocol):
         if session is not None and session.connection is None and server.offline is not None:
             server.offline.release(session)
 
-    async def _take_session(self, p: Connect) -> None:
+    async def _take_session(self, p: Connect) -> Session | None:
         """Make the session of a CONNECT current here.  Without clean start it may be on
         another node, or have outlived a dead one (its record is in the meta store): taken
         over first.  One held here is resumed only if its record still
@@ -729,13 +741,18 @@ class MqttConnection(asyncio.Protocol):
             if not fetch and in_cluster:
                 if p.clean_start or not existing.persistent():
                     server.kick(self.namespace, self.client_id, clean=bool(p.clean_start))
-                elif await server.owns_session(*key):
+                elif (holder := await server.session_holder(*key)) in (None, server.node_id):
                     server.kick(self.namespace, self.client_id, clean=False)
                 elif server.sessions.get(key) is existing:
                     log.info("mqtt %s: its session moved to another node", self.client_id)
                     if existing.connection is not None:
                         existing.connection.take_over()
-                    server.discard_session(existing, forget=False, redistribute=False)
+                    # Its route stays until every node routes the session to the holder (or
+                    # to this node again, the session fetched back): removed at once, the
+                    # base of the pause test lost 2 messages so, the adopter's route not out.
+                    server.discard_session(
+                        existing, forget=False, redistribute=False, handed_to=holder
+                    )
                     fetch = True
             if fetch:
                 await server.fetch_session(self.namespace, self.client_id)
@@ -751,11 +768,16 @@ class MqttConnection(asyncio.Protocol):
                 # sent once the session is idle (offline.py).
                 budget = min(TAKE_BUDGET_S, p.keep_alive / 2) if p.keep_alive else TAKE_BUDGET_S
                 session.queue.extend(await offline.take(session, budget))
+            return session
         except Exception:
             log.exception("mqtt %s: could not take the session over", self.client_id)
+            return None
 
-    def _attach_session(self, p: Connect, expiry: int, assigned: str | None) -> None:
-        """CONNECT, second half: the session is here (or nowhere): take it, send CONNACK."""
+    def _attach_session(
+        self, p: Connect, expiry: int, assigned: str | None
+    ) -> asyncio.Task[None] | None:
+        """CONNECT, second half: the session is here (or nowhere): take it, send CONNACK.
+        Returns the store of a persistent session's record (None: nothing to store)."""
         server = self.server
         client_id = self.client_id
         v5 = self.level == 5
@@ -821,7 +843,8 @@ class MqttConnection(asyncio.Protocol):
         if session_present:
             self._resume(session)
         if session.persistent():
-            self._loop.create_task(self._store_session(session, resumed=session_present))
+            return self._loop.create_task(self._store_session(session, resumed=session_present))
+        return None
 
     async def _store_session(self, session: Session, *, resumed: bool) -> None:
         """Store the session's record.  If the meta store fails, the client must not go on
@@ -830,13 +853,18 @@ class MqttConnection(asyncio.Protocol):
         session goes with it (nothing of it is stored: a reconnect is told session present
         0, as after a restart); a resumed one stays as it was last stored."""
         try:
-            if not await self.server.save_session(session):
+            server = self.server
+            if not await server.save_session(session):
                 # Adopted by another node meanwhile (this one was declared dead): the
-                # client takes it over from there when it reconnects.
+                # client takes it over from there when it reconnects.  This node's route
+                # stays until every node routes the session to that one (``hand_over``).
+                holder = await server.session_holder(session.namespace, session.client_id)
                 if session.connection is self:
                     self.take_over()
-                if self.server.sessions.get((session.namespace, session.client_id)) is session:
-                    self.server.discard_session(session, forget=False, redistribute=False)
+                if server.sessions.get((session.namespace, session.client_id)) is session:
+                    server.discard_session(
+                        session, forget=False, redistribute=False, handed_to=holder
+                    )
         except Exception as exc:
             log.warning("mqtt %s: could not store the session: %s", self.client_id, exc)
             ours = session.connection is self

@@ -30,6 +30,7 @@ class ConnectionHost(Protocol):
     session registry, and the delivery (output batching, flow control) of all connections."""
 
     # --- settings and collaborators
+    node_id: str  # this broker, as session records name their holder
     max_packet_size: int
     max_keep_alive: int
     max_subscriptions: int  # per session (mqtt_max_subscriptions)
@@ -58,7 +59,12 @@ class ConnectionHost(Protocol):
         ...
 
     def discard_session(
-        self, session: Session, *, forget: bool = True, redistribute: bool = True
+        self,
+        session: Session,
+        *,
+        forget: bool = True,
+        redistribute: bool = True,
+        handed_to: str | None = None,
     ) -> None: ...
 
     async def fetch_session(self, namespace: str, client_id: str) -> Session | None: ...
@@ -75,8 +81,8 @@ class ConnectionHost(Protocol):
         """Store the record as this node's, unless another node's record says it holds it."""
         ...
 
-    async def owns_session(self, namespace: str, client_id: str) -> bool:
-        """Whether the stored record names this node (or there is none)."""
+    async def session_holder(self, namespace: str, client_id: str) -> str | None:
+        """The node the stored record names (None: there is none)."""
         ...
 
     def expire(self, session: Session) -> None: ...

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from typing import Any
+
 import pytest
 
 from flowmq_broker.cluster import ClusterRouting
@@ -99,3 +103,76 @@ async def test_a_survivor_keeps_a_session_it_adopts_when_a_stale_kick_comes_mean
     resumed = Session("k", "default")
     resumed.expiry_interval = 300
     assert not await c.save_session(resumed)  # c lets go: the session is b's
+
+
+def pause_at_takeover(c: MqttServer, b: MqttServer, *, answered: bool) -> asyncio.Event:
+    """c has b for its peer, and is paused (for good) once it asks the others to hand over
+    a session: after b let go if ``answered``, else before b heard of it.  Set once paused."""
+    paused = asyncio.Event()
+
+    async def request_all(frame: list[Any], timeout: float) -> list[Any]:
+        if frame[0] != "mqtt.takeover":
+            return []  # route versions: b applies them (nothing to check here)
+        if answered:
+            handed = b._on_takeover(frame[1:])
+            if inspect.isawaitable(handed):
+                await handed
+        paused.set()
+        await asyncio.Event().wait()
+        return []
+
+    c.cluster._live = {"b": ("127.0.0.1", 1)}  # type: ignore[union-attr]
+    c.cluster.request_all = request_all  # type: ignore[method-assign, union-attr]
+    return paused
+
+
+@pytest.mark.parametrize("answered", [True, False], ids=["after b let go", "before b knew"])
+async def test_a_session_whose_taker_dies_during_the_takeover_is_adopted(answered) -> None:
+    """A client reconnects to c without a clean start while b holds its session; c dies (or
+    is paused past the failure detector) in the middle of the takeover.  b, adopting c's
+    sessions, must hold it: when b had let go, the record still named b, so b adopted
+    nothing, c's routes were cleared, and the session was on no node — what was published
+    meanwhile matched no route and was acknowledged without being stored (the pause test
+    lost 174 messages so under load).  When b had not heard of it, b keeps it and its record
+    names b again."""
+    meta = MemoryMetaStore()
+    b, c = broker("b", meta), broker("c", meta)
+    await persistent_session(b)
+    assert await b.restore_sessions() == 1
+    paused = pause_at_takeover(c, b, answered=answered)
+    fetching = asyncio.create_task(c.fetch_session(*KEY))
+    await paused.wait()
+    assert (KEY in b.sessions) is not answered
+    fetching.cancel()  # c is gone
+    await asyncio.gather(fetching, return_exceptions=True)
+    assert await b.adopt_sessions("c", c.process)
+    assert KEY in b.sessions and await b.owns_session(*KEY)
+    assert [sub.topic_filter for sub in b.sessions[KEY].subscriptions.values()] == ["own/#"]
+
+
+async def test_an_adopted_sessions_routes_are_out_before_its_record_names_the_adopter() -> None:
+    """c was declared dead while paused, and resumes holding the session b adopts: c lets it
+    go once it finds the record b's, and its route goes.  b's route must be out before: the
+    record written first (b's route write slow, the meta store under load), no node routed
+    the session for a moment, and a publisher window was acknowledged without being stored
+    (the pause test lost 20 messages so)."""
+    meta = MemoryMetaStore()
+    c, b = broker("c", meta), broker("b", meta)
+    await persistent_session(c)
+    await b.cluster.start(0, b.router)
+    holders_at_push: list[str | None] = []
+
+    async def request_all(frame: list[Any], timeout: float) -> list[Any]:
+        if frame[0] == "route":  # b's route version going out to its peers
+            holders_at_push.append(await b.session_holder(*KEY))
+        return []
+
+    b.cluster._live = {"c": ("127.0.0.1", 1)}  # c is alive to b again by the time it pushes
+    b.cluster.request_all = request_all  # type: ignore[method-assign]
+    try:
+        assert await b.restore_sessions("c", c.process) == 1
+    finally:
+        b.cluster._live = {}
+        await b.cluster.stop()
+    assert holders_at_push and holders_at_push[0] == "c"
+    assert await b.owns_session(*KEY)

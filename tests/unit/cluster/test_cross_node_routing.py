@@ -4,6 +4,7 @@ in-memory meta store, Routers with a recording memory destination type."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -357,3 +358,90 @@ async def test_a_node_declared_dead_meanwhile_finds_out_at_its_next_route_write(
     raw = await meta.transact(lambda tr: tr.get(keys.ROUTE_VERSIONS.pack("b")))
     assert raw is not None and old_token not in raw.decode()
     await wait_until_async(lambda: a.cluster.nodes_matching("default", "fence/1") == {"b"})
+
+
+def watch_routes(node: Node, topic: str) -> list[set[str]]:
+    """The nodes ``topic`` is routed to from ``node`` after each change of its remote routes,
+    from now on."""
+    seen: list[set[str]] = []
+    changed = node.router.remote_routes_changed
+
+    def record() -> None:
+        changed()
+        seen.append(node.cluster.nodes_matching("default", topic))
+
+    node.router.remote_routes_changed = record  # type: ignore[method-assign]
+    return seen
+
+
+async def test_a_session_handed_over_stays_routed_where_the_taker_is_not_seen_alive(nodes):
+    """b hands a persistent session over to c (its client reconnected to c), and a has not
+    seen c alive since c was declared dead (a pause; gossip has not told a yet), so c's
+    routes are not a's to follow.  b's route must stay until a read c's routes, held as a
+    dead node's (refusing): removed at once, the filter was routed nowhere from a, and a QoS
+    1 message published there matched nothing and was acknowledged without being stored."""
+    a, b, c, meta = nodes
+    await routed(b.subscribe("s1", "h/#"))
+    a.cluster.set_members([("a", "127.0.0.1", a.port), ("b", "127.0.0.1", b.port)])
+    assert await a.cluster._clear_node("c", c.cluster.token)  # as a, the lowest, does
+    await routed(c.subscribe("s1", "h/#"))  # the taker's route (it rejoins), before it asks
+    assert a.cluster.nodes_matching("default", "h/1") == {"b"}
+    seen = watch_routes(a, "h/1")
+    b.router.unbind(Binding("subscription", "default", "s1"), "h/#")
+    b.cluster.hand_over("default", "h/#", "c")
+    await wait_until_async(
+        lambda: "b" not in a.cluster.nodes_matching("default", "h/1"), 5, what="b's route gone"
+    )
+    assert seen and all(seen), f"h/1 was routed nowhere from a for a moment: {seen}"
+    _, pending = a.router.dispatch("default", Message("h/1", b"x", qos=1))
+    assert pending, "acknowledged without being stored anywhere"
+    with pytest.raises(NotStored):  # refused until a sees c alive
+        await asyncio.wait_for(pending[0], 5)
+    a.cluster.set_members([("a", "127.0.0.1", a.port), ("b", "127.0.0.1", b.port),
+                           ("c", "127.0.0.1", c.port)])  # fmt: skip
+    await a.cluster._reload_soon("c")
+    _, pending = a.router.dispatch("default", Message("h/1", b"y", qos=1))
+    await asyncio.wait_for(pending[0], 5)
+    assert (("s1", b"y")) in c.plain.got
+
+
+async def test_a_survivors_routes_are_read_before_the_dead_nodes_are_forgotten(nodes):
+    """c died; a adopted its session (its route for it written, the push to b not answered
+    in time) and cleared c's routes.  b's anti-entropy must read a's routes before it
+    forgets c's: the other way round, the filter was routed nowhere from b while the read
+    took, and a QoS 1 message published there then was acknowledged without being stored."""
+    a, b, c, meta = nodes
+    await routed(c.subscribe("c1", "d/#"))
+    await c.cluster.links.stop()  # c dies without a word
+    b.cluster.node_gone("c")  # refusing c's routes until they are cleared
+    token, seq = a.cluster.token, a.cluster._seq + 1
+    adopted = json.dumps({"token": token, "seq": seq}).encode()
+
+    def adopt(tr: Any) -> None:  # a's route write for the adopted session; b missed the push
+        tr.set(keys.ROUTES.pack("a", "default", "d/#"), b"")
+        tr.set(keys.ROUTE_VERSIONS.pack("a"), adopted)
+
+    await meta.transact(adopt)
+    assert await a.cluster._clear_node("c", c.cluster.token)
+    seen = watch_routes(b, "d/x")
+    await b.cluster.anti_entropy()
+    assert seen and all(seen), f"d/x was routed nowhere from b for a moment: {seen}"
+    assert b.cluster.nodes_matching("default", "d/x") == {"a"}
+
+
+async def test_a_live_nodes_routes_cleared_by_a_survivor_stay_until_it_rejoins(nodes):
+    """a took c for dead (c was paused) and cleared c's routes just after c resumed and took
+    a session back.  b, reading c's routes afresh (a hand-over to c asks it to), must keep
+    those it holds until c announces its routes again: forgotten, the session's filter was
+    routed nowhere from b until c's rejoin, and the pause test lost 3 messages so."""
+    a, b, c, meta = nodes
+    await routed(c.subscribe("c1", "p/#"))
+    assert await a.cluster._clear_node("c", c.cluster.token)  # c alive to b all along
+    seen = watch_routes(b, "p/1")
+    await b.cluster.routes_read("c")
+    await b.cluster.anti_entropy()
+    assert all(seen) and b.cluster.nodes_matching("default", "p/1") == {"c"}
+    await c.cluster.anti_entropy()  # c finds its routes cleared and announces them afresh
+    await b.cluster._reload_soon("c")
+    assert b.cluster._applied["c"][0] == c.cluster.token
+    assert all(seen) and b.cluster.nodes_matching("default", "p/1") == {"c"}

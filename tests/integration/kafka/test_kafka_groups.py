@@ -174,6 +174,15 @@ def _stored_generation(broker: BrokerProcess, group: str) -> bytes | None:
     return asyncio.run(read())
 
 
+def _first_message(consumer: ck.Consumer) -> ck.Message | None:
+    """The consumer's first message (None after 15 s): the group has formed once it came."""
+    deadline = time.monotonic() + 15
+    message = None
+    while message is None and time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+    return message
+
+
 def test_deleting_a_group_deletes_its_stored_generation(broker, uid) -> None:
     """The generation a coordinator stores to fence stale commits goes with the group."""
     topic, group = f"gen-{uid}", f"gen-{uid}"
@@ -182,10 +191,7 @@ def test_deleting_a_group_deletes_its_stored_generation(broker, uid) -> None:
     consumer = ck.Consumer(confluent_conf(broker, group_id=group, auto_offset_reset="earliest"))
     consumer.subscribe([topic])
     try:
-        deadline = time.monotonic() + 15
-        message = None
-        while message is None and time.monotonic() < deadline:
-            message = consumer.poll(0.2)
+        message = _first_message(consumer)
         assert message is not None and not message.error()
         consumer.commit(asynchronous=False)
     finally:
@@ -209,10 +215,7 @@ def test_a_group_known_only_by_its_generation_is_deleted_with_it(fresh_broker, u
     )
     consumer.subscribe([topic])
     try:
-        deadline = time.monotonic() + 15
-        message = None
-        while message is None and time.monotonic() < deadline:
-            message = consumer.poll(0.2)
+        message = _first_message(consumer)
         assert message is not None and not message.error()  # the group formed
     finally:
         consumer.close()

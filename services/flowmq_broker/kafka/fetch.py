@@ -130,20 +130,21 @@ def _read_committed(
     ctx: RequestContext, wants: list[_Want], got: list[_Got], budget: int, mark: int
 ) -> list[_Got] | None:
     """After a long poll woke, the records of the chunks this broker committed since
-    ``mark`` (``StreamStore.fetch_committed``), each partition from the high watermark its
-    last read returned, within ``budget`` as ``_read_within`` reads; partitions without any
-    keep that read's answer.  None if none has records that way (read the usual way)."""
+    ``mark`` (``StreamStore.fetch_committed``) for each partition whose fetch offset was its
+    high watermark at the last read, within ``budget`` as ``_read_within`` reads; partitions
+    without any keep that read's answer.  None if none has records that way (read the usual
+    way).  A read below the high watermark that came back empty (its chunks moved by a
+    compaction meanwhile, say) is read again the usual way: starting such a partition at the
+    high watermark would skip the records in between."""
     store = ctx.server.services.streams
     ns = ctx.tenant.namespace
     out: list[_Got] = []
     found = False
     for want, g in zip(wants, got, strict=True):
         local = None
-        if not g.error and budget > 0:
+        if not g.error and budget > 0 and g.high_watermark == want.offset:
             limit = max(1, min(want.max_bytes, budget))
-            local = store.fetch_committed(
-                ns, want.topic, want.partition, g.high_watermark, limit, mark
-            )
+            local = store.fetch_committed(ns, want.topic, want.partition, want.offset, limit, mark)
         if local is None:
             out.append(g)
             continue

@@ -73,6 +73,10 @@ SHARE_PREFIX = "$share/"
 # How long a restarted node keeps its previous process's routes while its adapters restore
 # the persistent sessions they were for.
 RESTORE_GRACE_S = 10.0
+# At its start a node holds the routes of peers it has not seen alive yet as a dead node's,
+# refusing what matches them, for at most this long: gossip sees a live peer within seconds;
+# one still unseen by then is taken for gone (as before the hold: its routes are forgotten).
+UNSEEN_HOLD_S = 30.0
 # A dead node whose sessions were not adopted (a record named another process of it, one we
 # did not know of) is looked at again after this long: if it is still gone, that process is
 # gone too, and its sessions are adopted (until then its routes stay, refusing).
@@ -241,9 +245,40 @@ class ClusterRouting:
         if previous:
             stale = [tuple(keys.ROUTES.unpack(key)[1:]) for key, _ in previous]
             asyncio.get_running_loop().call_later(RESTORE_GRACE_S, self._drop_stale, stale)
+        await self._hold_unseen_routes()
         await self.anti_entropy()
         self._poll.start()
         return bound
+
+    async def _hold_unseen_routes(self) -> None:
+        """Every peer's routes in the meta store, held as a dead node's (refusing) until
+        gossip here sees the peer alive, when they are read afresh (``set_members``).  The
+        client listeners open before gossip has found the peers: their routes read only once
+        seen alive, a QoS 1 message for a persistent session on another node matched no
+        route meanwhile and was PUBACKed without being stored for it (the chaos run at
+        d9f9928 lost 22 and 10 so, within 1.5 s of a restart of the publisher's node)."""
+        begin, end = keys.ROUTE_VERSIONS.range()
+        rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
+        held: list[tuple[str, str]] = []
+        for key, _ in rows:
+            node = keys.ROUTE_VERSIONS.unpack(key)[0]
+            if node == self.node_id or node in self._live or node in self._dead:
+                continue
+            version, routes = await self._read_routes(node)
+            if version is None or node in self._live:
+                continue
+            self._set_node_routes(node, routes)
+            self._dead[node] = version["token"]
+            held.append((node, version["token"]))
+        if held:
+            asyncio.get_running_loop().call_later(UNSEEN_HOLD_S, self._release_unseen, held)
+
+    def _release_unseen(self, held: list[tuple[str, str]]) -> None:
+        """Forget the held routes of peers still not seen alive (``_hold_unseen_routes``)."""
+        for node, token in held:
+            if node not in self._live and self._dead.get(node) == token:
+                log.info("node %s not seen alive since this node started: routes forgotten", node)
+                self._forget_dead(node)
 
     def _drop_stale(self, routes: list[tuple[str, str]]) -> None:
         """Remove the routes of this node's previous process that nothing here took up."""

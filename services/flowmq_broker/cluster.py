@@ -257,19 +257,25 @@ class ClusterRouting:
         seen alive, a QoS 1 message for a persistent session on another node matched no
         route meanwhile and was PUBACKed without being stored for it (the chaos run at
         d9f9928 lost 22 and 10 so, within 1.5 s of a restart of the publisher's node)."""
-        begin, end = keys.ROUTE_VERSIONS.range()
-        rows = await self.meta.transact(lambda tr: tr.get_range(begin, end))
+        versions_range, routes_range = keys.ROUTE_VERSIONS.range(), keys.ROUTES.range()
+
+        def read(tr: Any) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+            return tr.get_range(*versions_range), tr.get_range(*routes_range)
+
+        version_rows, route_rows = await self.meta.transact(read)  # one read for every peer
+        routes: dict[str, set[tuple[str, str]]] = {}
+        for key, _ in route_rows:
+            node, *route = keys.ROUTES.unpack(key)
+            routes.setdefault(node, set()).add(tuple(route))  # type: ignore[arg-type]
         held: list[tuple[str, str]] = []
-        for key, _ in rows:
+        for key, raw in version_rows:
             node = keys.ROUTE_VERSIONS.unpack(key)[0]
             if node == self.node_id or node in self._live or node in self._dead:
                 continue
-            version, routes = await self._read_routes(node)
-            if version is None or node in self._live:
-                continue
-            self._set_node_routes(node, routes)
-            self._dead[node] = version["token"]
-            held.append((node, version["token"]))
+            token = json.loads(raw)["token"]
+            self._set_node_routes(node, routes.get(node, set()))
+            self._dead[node] = token
+            held.append((node, token))
         if held:
             asyncio.get_running_loop().call_later(UNSEEN_HOLD_S, self._release_unseen, held)
 

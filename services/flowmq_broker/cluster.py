@@ -273,8 +273,7 @@ class ClusterRouting:
             if node == self.node_id or node in self._live or node in self._dead:
                 continue
             token = json.loads(raw)["token"]
-            self._set_node_routes(node, routes.get(node, set()))
-            self._dead[node] = token
+            self._hold_refusing(node, routes.get(node, set()), token)
             held.append((node, token))
         if held:
             asyncio.get_running_loop().call_later(UNSEEN_HOLD_S, self._release_unseen, held)
@@ -345,6 +344,12 @@ class ClusterRouting:
         """What ``node``'s process takes (``remote_nodes``) may have changed."""
         if self.router is not None:
             self.router.remote_routes_changed()
+
+    def _hold_refusing(self, node: str, routes: set[tuple[str, str]], token: str) -> None:
+        """Route ``node``'s ``routes`` (of its start ``token``) as a dead node's: what matches
+        them is refused, not acknowledged, until it is seen alive or a survivor clears them."""
+        self._set_node_routes(node, routes)
+        self._dead[node] = token
 
     def _forget_dead(self, node: str) -> None:
         if node in self._dead:
@@ -516,8 +521,7 @@ class ClusterRouting:
         elif version is not None:
             if node not in self._dead:
                 log.info("node %s: its routes are refused until it is seen alive", node)
-            self._set_node_routes(node, routes)
-            self._dead[node] = version["token"]
+            self._hold_refusing(node, routes, version["token"])
         return True
 
     def _changed(self, key: tuple[str, str], present: bool) -> None:
@@ -761,8 +765,7 @@ class ClusterRouting:
             self._forget_dead(node)
             return
         log.info("node %s restarted: its routes are refused until it is seen alive", node)
-        self._set_node_routes(node, routes)
-        self._dead[node] = version["token"]
+        self._hold_refusing(node, routes, version["token"])
 
     async def anti_entropy(self) -> None:
         """Compare every live peer's route version with the applied one; reload what moved."""

@@ -32,7 +32,7 @@ from flowmq_commit.clock import Clock
 from flowmq_core.message import Message
 from flowmq_core.periodic import PeriodicTask
 from flowmq_meta import MetaStore
-from flowmq_objstore import ObjectStore
+from flowmq_objstore import ObjectStore, ObjectStoreError
 from flowmq_queue import index
 from flowmq_queue.bodies import BodyCache, load_run
 from flowmq_queue.consumers import (
@@ -615,8 +615,11 @@ class ClaimRounds:
                 self._leases[id(lease)] = lease
             try:
                 messages = await load_run(self.parts.objects, self.parts.cache, part.run)
-            except Exception:
-                log.exception("could not read bodies of %s/%s", lq.ns, lq.name)
+            except Exception as exc:
+                if isinstance(exc, ObjectStoreError):  # an outage: one line, not a traceback
+                    log.warning("could not read bodies of %s/%s: %s", lq.ns, lq.name, exc)
+                else:
+                    log.exception("could not read bodies of %s/%s", lq.ns, lq.name)
                 if lease is not None:
                     self._ops.setdefault(lease, Ops()).release.update(part.run.seqs)
                 continue

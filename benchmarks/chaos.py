@@ -857,8 +857,11 @@ def read_stream(
 
 def _drain(flows: dict[str, tuple[Flow, list[Worker]]], quiet_s: float, limit_s: float) -> None:
     """Let the consumers catch up: until each has everything acknowledged, or none made
-    progress for ``quiet_s``."""
-    deadline = time.monotonic() + limit_s
+    progress for ``quiet_s``. The quiet time counts from the drain's start at the earliest:
+    a consumer that stalled during the last faults (a Kafka group whose coordinator was
+    killed and then paused) gets ``quiet_s`` to resume, as it would in service."""
+    started = time.monotonic()
+    deadline = started + limit_s
     while time.monotonic() < deadline:
         behind = [
             w
@@ -868,7 +871,7 @@ def _drain(flows: dict[str, tuple[Flow, list[Worker]]], quiet_s: float, limit_s:
         ]
         if not behind:
             return
-        if all(time.monotonic() - w.last_progress > quiet_s for w in behind):
+        if all(time.monotonic() - max(w.last_progress, started) > quiet_s for w in behind):
             return
         time.sleep(0.5)
 

@@ -14,9 +14,14 @@ generator and its ``run_load``: raw sockets, pre-encoded packets, one OS process
 publisher, ``--sub-procs`` subscriber processes).
 
 Reported per round: deliveries/s of each, the ratio N/1, the brokers' CPU (cores, all
-processes summed) and the load generator's CPU (cores, every publisher and subscriber process
-summed: they share the machine's cores with the broker, so on a 2-core machine they bound what
-host mode can show). The target of issue 12 is a ratio ≥ 1.5 with 2 processes on 2 cores.
+processes summed; CPU-seconds per process with the kernel's share), the load generator's CPU
+(cores: what each publisher and subscriber process measured from the start signal to its end,
+summed, and each process's; they share the machine's cores with the brokers), CPU-seconds per
+million deliveries of the brokers and of the generator, and how the connections and the
+publishers fell on the processes. At the end, the ratio those CPU costs allow on idle cores
+with the load spread evenly (``ceiling``): on a machine shared with other work the measured
+ratio says how the scheduler shared the cores. The target of issue 12 is a ratio ≥ 1.5 with
+2 processes on 2 cores.
 """
 
 from __future__ import annotations

@@ -18,9 +18,9 @@ processes summed; CPU-seconds per process with the kernel's share), the load gen
 (cores: what each publisher and subscriber process measured from the start signal to its end,
 summed, and each process's; they share the machine's cores with the brokers), CPU-seconds per
 million deliveries of the brokers and of the generator, and how the connections and the
-publishers fell on the processes. At the end, the ratio those CPU costs allow on idle cores
-with the load spread evenly (``ceiling``): on a machine shared with other work the measured
-ratio says how the scheduler shared the cores. The target of issue 12 is a ratio ≥ 1.5 with
+publishers fell on the processes; per round and at the end, the ratio those CPU costs allow
+on idle cores, the load spread evenly or as it fell (``ceiling``): on a machine shared with
+other work the measured ratio says how the scheduler shared the cores. The target of issue 12 is a ratio ≥ 1.5 with
 2 processes on 2 cores.
 """
 

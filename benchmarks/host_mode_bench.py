@@ -14,9 +14,14 @@ generator and its ``run_load``: raw sockets, pre-encoded packets, one OS process
 publisher, ``--sub-procs`` subscriber processes).
 
 Reported per round: deliveries/s of each, the ratio N/1, the brokers' CPU (cores, all
-processes summed) and the load generator's CPU (cores, every publisher and subscriber process
-summed: they share the machine's cores with the broker, so on a 2-core machine they bound what
-host mode can show). The target of issue 12 is a ratio ≥ 1.5 with 2 processes on 2 cores.
+processes summed; CPU-seconds per process with the kernel's share), the load generator's CPU
+(cores: what each publisher and subscriber process measured from the start signal to its end,
+summed, and each process's; they share the machine's cores with the brokers), CPU-seconds per
+million deliveries of the brokers and of the generator, and how the connections and the
+publishers fell on the processes; per round and at the end, the ratio those CPU costs allow
+on idle cores, the load spread evenly or as it fell (``ceiling``): on a machine shared with
+other work the measured ratio says how the scheduler shared the cores. The target of issue 12 is a ratio ≥ 1.5 with
+2 processes on 2 cores.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -37,9 +41,13 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mqtt_bench as mb  # noqa: E402
+from machine import interpreter_speed  # noqa: E402
 
 LOAD = mb.Load("fanin44", "QoS 0 4→4 fan-in", 4, 4, 0, "deliveries/s")
 HOST_READY_S = 90.0
+DROPPED, OUT, IN = (f"mqtt_messages_{kind}_count" for kind in ("dropped", "out", "in"))
+CONNECTIONS = "mqtt_connections"
+SNAPSHOT = (DROPPED, OUT, IN, CONNECTIONS)
 
 
 class HostModeFlowMQ(mb.FlowMQ):
@@ -72,32 +80,55 @@ class HostModeFlowMQ(mb.FlowMQ):
 
     def dropped(self) -> float | None:
         """The brokers' drop count (``run_load`` reads it when the load starts and ends);
-        their PUBLISH-out count is kept beside it, so deliveries the brokers wrote can be told
-        from those the subscribers received (``written``)."""
-        self.out_counts = [
-            *getattr(self, "out_counts", [])[-1:],
-            self._metric_sum("mqtt_messages_out_count"),
-        ]
-        return self._metric_sum("mqtt_messages_dropped_count")
+        each process's PUBLISH-out, PUBLISH-in and connection counts are kept beside it, so
+        deliveries the brokers wrote can be told from those the subscribers received
+        (``written``) and the spread of the load over the processes shown (``spread``)."""
+        snapshot = self._metrics()
+        self.metric_snapshots = [*getattr(self, "metric_snapshots", [])[-1:], snapshot]
+        return None if snapshot is None else sum(p[DROPPED] for p in snapshot)
+
+    def _between(self, name: str) -> list[float] | None:
+        """Each process's growth of counter ``name`` between the last two ``dropped`` calls."""
+        before, after = self.metric_snapshots[-2:]
+        if before is None or after is None:
+            return None
+        return [b[name] - a[name] for a, b in zip(before, after, strict=True)]
 
     def written(self) -> float | None:
         """PUBLISH packets the brokers wrote between the last two ``dropped`` calls."""
-        before, after = self.out_counts[-2:]
-        return None if before is None or after is None else after - before
+        out = self._between(OUT)
+        return None if out is None else sum(out)
 
-    def _metric_sum(self, name: str) -> float | None:
-        total = 0.0
+    def spread(self) -> str:
+        """How the load fell on the processes: connections when it started, and each one's
+        share of the PUBLISH packets read from the publishers during it."""
+        first = self.metric_snapshots[-2]
+        read = self._between(IN)
+        if first is None or read is None:
+            return "unknown"
+        connections = " + ".join(f"{p[CONNECTIONS]:.0f}" for p in first)
+        total = sum(read) or 1.0
+        shares = " / ".join(f"{n / total:.0%}" for n in read)
+        return f"connections {connections}, publishers' messages read {shares}"
+
+    def _metrics(self) -> list[dict[str, float]] | None:
+        """The counters of ``SNAPSHOT`` from each process's own /metrics (None: one did not
+        answer; a broker saturated by the load answers slowly, hence the long timeout)."""
+        found = []
         for port in self.http:
             try:
                 url = f"http://127.0.0.1:{port}/metrics"
-                with urllib.request.urlopen(url, timeout=5) as response:
+                with urllib.request.urlopen(url, timeout=30) as response:
                     text = response.read().decode()
             except OSError:
                 return None
+            values = dict.fromkeys(SNAPSHOT, 0.0)
             for line in text.splitlines():
-                if line.startswith(name):
-                    total += float(line.rsplit(None, 1)[1])
-        return total
+                name = line.split("{", 1)[0].split(" ", 1)[0]
+                if name in values:
+                    values[name] += float(line.rsplit(None, 1)[1])
+            found.append(values)
+        return found
 
     def broker_pids(self) -> list[int]:
         pid = self.procs[0].pid
@@ -110,28 +141,35 @@ class HostModeFlowMQ(mb.FlowMQ):
         return [pid, *map(int, children)]
 
     def cpu_seconds(self) -> float:
-        """All the brokers' CPU seconds; each call's per-process figures are kept, so the
-        split of a load's CPU over the processes can be shown (``cpu_split``)."""
-        snapshot = {pid: mb._cpu_seconds(pid) for pid in self.broker_pids()}
+        """All the brokers' CPU seconds; each call's per-process figures (user, system) are
+        kept, so the split of a load's CPU over the processes can be shown (``cpu_split``)."""
+        snapshot = {pid: mb._cpu_times(pid) for pid in self.broker_pids()}
         self.snapshots = [*getattr(self, "snapshots", [])[-1:], snapshot]
-        return sum(snapshot.values())
+        return sum(user + system for user, system in snapshot.values())
 
-    def cpu_split(self) -> list[float]:
-        """CPU seconds of each broker process between the last two ``cpu_seconds`` calls
-        (``run_load`` calls it when the load starts and ends); the supervisor left out."""
+    def cpu_split(self) -> list[tuple[float, float]]:
+        """CPU seconds (all, of them in the kernel) of each broker process between the last
+        two ``cpu_seconds`` calls (``run_load`` calls it when the load starts and ends); the
+        supervisor left out."""
         before, after = self.snapshots[-2], self.snapshots[-1]
         pids = [pid for pid in after if pid != self.procs[0].pid or self.processes == 1]
-        return [after[pid] - before.get(pid, 0.0) for pid in pids]
+        split = []
+        for pid in pids:
+            user0, system0 = before.get(pid, (0.0, 0.0))
+            user1, system1 = after[pid]
+            split.append((user1 + system1 - user0 - system0, system1 - system0))
+        return split
 
     def rss_mib(self) -> float:
         return sum(mb._rss_mib(pid) or 0.0 for pid in self.broker_pids())
 
 
-def _children_cpu() -> float:
-    """CPU seconds of this script's finished (waited-for) children: the load generator's
-    processes, which ``run_load`` joins; the brokers are still running, so not counted."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+def _workers(result: dict) -> str:
+    """Each load-generator process's CPU (cores, the kernel's share in parentheses)."""
+    return ", ".join(
+        f"{name.split('-', 1)[1]} {w['cpu']:.2f} ({w['sys']:.2f})"
+        for name, w in sorted(result["workers"].items())
+    )
 
 
 def run_once(broker: HostModeFlowMQ, args: argparse.Namespace, tag: str) -> dict:
@@ -146,19 +184,38 @@ def run_once(broker: HostModeFlowMQ, args: argparse.Namespace, tag: str) -> dict
         persistent=False,
         flowmq_processes=1,  # one copy of the load, every connection to the shared port
     )
-    cpu0, t0 = _children_cpu(), time.monotonic()
     result = mb.run_load(broker, LOAD, load_args, tag, [])
-    wall = time.monotonic() - t0
-    # The generator's processes live from their start to the end of the load (set-up and the
-    # warm-up included), so this is CPU over the whole call: a lower bound on its share while
-    # the clock ran.
-    result["generator_cpu"] = (_children_cpu() - cpu0) / wall
+    # The generator's CPU as its processes measured it from the start signal to their end
+    # (their start-up and connection set-up left out), in cores of the load's wall time.
+    generator_s = sum(w["cpu_s"] for w in result["workers"].values())
+    result["generator_cpu"] = generator_s / result["wall"]
     result["cpu_split"] = broker.cpu_split()
     result["written"] = broker.written()
+    result["spread"] = broker.spread()
     # Deliveries per second of broker CPU: what a delivery costs, whatever share of the
     # cores the broker got on a shared machine.
     result["per_cpu"] = result["rate"] / result["broker_cpu"] if result["broker_cpu"] else 0.0
+    # CPU-seconds per million deliveries (all received, warm-up included), of the brokers
+    # and of the generator: the fair comparison when the machine, not a broker, is the bound.
+    received = max(result["received"], 1) / 1e6
+    result["broker_per_m"] = result["broker_cpu_s"] / received
+    result["generator_per_m"] = generator_s / received
     return result
+
+
+def ceiling(one: dict, many: dict, processes: int, as_spread: bool = False) -> float:
+    """The ratio N/1 that these CPU costs per delivery allow on this machine's cores with
+    nothing else running: each broker process takes at most one core, and the brokers and the
+    generator share the cores.  The load spread evenly over the N processes, or
+    (``as_spread``) as in this run: its busiest process, at one core, then sets the rate."""
+    cores = len(os.sched_getaffinity(0))
+    c1, g1 = one["broker_per_m"], one["generator_per_m"]
+    cn, gn = many["broker_per_m"], many["generator_per_m"]
+    busiest = 1 / processes
+    split = [total for total, _ in many["cpu_split"]]
+    if as_spread and sum(split) > 0:
+        busiest = max(split) / sum(split)
+    return min(1 / (cn * busiest), cores / (cn + gn)) / min(1 / c1, cores / (c1 + g1))
 
 
 def main() -> int:
@@ -181,7 +238,9 @@ def main() -> int:
             brokers = [HostModeFlowMQ(Path(tmp), 1), HostModeFlowMQ(Path(tmp), args.processes)]
             print(
                 f"MQTT 3.1.1 · {LOAD.title} · {args.msg_size}-byte payloads · "
-                f"{args.duration:g} s per run · loopback · {os.cpu_count()} CPUs"
+                f"{args.duration:g} s per run · loopback · {os.cpu_count()} CPUs · "
+                f"interpreter speed {interpreter_speed():.1f} M loops/s "
+                f"(machine.interpreter_speed) · load average {os.getloadavg()[0]:.2f}"
             )
             head = "{:>5} {:>10} {:>12} {:>12} {:>7} {:>10} {:>10} {:>9} {:>9}"
             print(head.format("round", "first", "x1 deliv/s", f"x{args.processes} deliv/s",
@@ -200,12 +259,23 @@ def main() -> int:
                     f"{ratio:.2f}", f"{one['broker_cpu']:.2f}", f"{many['broker_cpu']:.2f}",
                     f"{one['generator_cpu']:.2f}", f"{many['generator_cpu']:.2f}",
                 ))  # fmt: skip
-                split = " + ".join(f"{c:.1f}" for c in many["cpu_split"])
+                n = f"x{args.processes}"
+                split = " + ".join(f"{c:.1f} (sys {k:.1f})" for c, k in many["cpu_split"])
                 print(
-                    f"      deliveries per broker CPU-second: x1 {one['per_cpu']:,.0f}, "
-                    f"x{args.processes} {many['per_cpu']:,.0f}; x{args.processes} CPU-seconds "
-                    f"per process {split}"
+                    f"      CPU-s per million deliveries, brokers: x1 {one['broker_per_m']:.2f}, "
+                    f"{n} {many['broker_per_m']:.2f}; generator: x1 "
+                    f"{one['generator_per_m']:.2f}, {n} {many['generator_per_m']:.2f}; "
+                    f"load average {os.getloadavg()[0]:.2f}"
                 )
+                print(f"      {n} CPU-seconds per process {split}; {many['spread']}")
+                if one["received"] and many["received"]:
+                    print(
+                        "      ratio these CPU costs allow on idle cores: load spread evenly "
+                        f"{ceiling(one, many, args.processes):.2f}, spread as here "
+                        f"{ceiling(one, many, args.processes, as_spread=True):.2f}"
+                    )
+                for name, res in (("x1", one), (n, many)):
+                    print(f"      {name} generator cores (sys): {_workers(res)}")
                 for name, res in (("x1", one), (f"x{args.processes}", many)):
                     if res.get("lost"):
                         print(
@@ -220,6 +290,17 @@ def main() -> int:
                 print(
                     f"ratio x{args.processes}/x1: median {statistics.median(ratios):.2f}, "
                     f"range {min(ratios):.2f}–{max(ratios):.2f}"
+                )
+            ceilings = [
+                ceiling(row["x1"], row[f"x{args.processes}"], args.processes)
+                for row in rows
+                if row["x1"]["received"] and row[f"x{args.processes}"]["received"]
+            ]
+            if ceilings:
+                print(
+                    f"ratio these CPU costs allow on {len(os.sched_getaffinity(0))} idle cores "
+                    f"(load spread evenly): median {statistics.median(ceilings):.2f}, range "
+                    f"{min(ceilings):.2f}–{max(ceilings):.2f}"
                 )
             for broker in brokers:
                 for line in broker.problems()[:5]:

@@ -130,12 +130,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cpu_seconds(pid: int) -> float:
+def _cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` (/proc; 0 once it is gone)."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _cpu_seconds(pid: int) -> float:
+    return sum(_cpu_times(pid))
 
 
 def _rss_mib(pid: int) -> float | None:
@@ -486,8 +492,21 @@ def run_load(broker: Broker, load: Load, args: argparse.Namespace, tag: str, wor
     end = max((r["t_last"] or start for r in subs), default=start)
     wall = max(end - start, 1e-9)
     result["broker_cpu"] = (cpu1 - cpu0) / wall
+    result["broker_cpu_s"] = cpu1 - cpu0
+    result["wall"] = wall
     result["pub_cpu"] = max((r["cpu"] / max(r["wall"], 1e-9) for r in pubs), default=0.0)
     result["sub_cpu"] = max((r["cpu"] / max(r["wall"], 1e-9) for r in subs), default=0.0)
+    # Each generator process's CPU while it ran the load (seconds; cores, and of them in the
+    # kernel), so what bounds a run can be read: the broker, a generator process, the machine.
+    result["workers"] = {
+        name: {
+            "cpu_s": r["cpu"],
+            "cpu": r["cpu"] / max(r["wall"], 1e-9),
+            "sys": r.get("sys", 0.0) / max(r["wall"], 1e-9),
+        }
+        for name, r in results.items()
+        if "error" not in r
+    }
     result["broker_dropped"] = (
         dropped1 - dropped0 if dropped0 is not None and dropped1 is not None else None
     )

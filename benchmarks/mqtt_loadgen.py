@@ -111,6 +111,11 @@ def _cpu() -> float:
     return time.process_time()
 
 
+def _sys_cpu() -> float:
+    """This process's CPU seconds in the kernel (its sends and receives, mostly)."""
+    return os.times().system
+
+
 def _handshake(sock: socket.socket, packet: bytes, want: type, what: str):
     """Send ``packet`` and read until one packet of type ``want`` (nothing else expected)."""
     sock.sendall(packet)
@@ -364,7 +369,7 @@ def publisher(spec: PubSpec, go, go_time, expected, out) -> None:
         sock = connect(spec.port, spec.client_id, spec.host, cafile=spec.cafile)
         out.put(("ready", spec.name, None))
         start = _wait_go(go, go_time)
-        cpu0 = _cpu()
+        cpu0, sys0 = _cpu(), _sys_cpu()
         deadline = start + spec.duration
         if spec.rate:
             result = _paced(sock, spec, start, deadline)
@@ -374,6 +379,7 @@ def publisher(spec: PubSpec, go, go_time, expected, out) -> None:
             result = _flood_qos1(sock, spec, deadline)
         result["t_end"] = time.monotonic()
         result["cpu"] = _cpu() - cpu0
+        result["sys"] = _sys_cpu() - sys0
         result["wall"] = result["t_end"] - start
         out.put(("result", spec.name, result))
     except BaseException:
@@ -452,7 +458,7 @@ def _recv_into_tls(sock: ssl.SSLSocket, buf: memoryview) -> int:
 
 
 def _receive(socks: list[socket.socket], spec: SubSpec, start: float, expected) -> dict:
-    cpu0 = _cpu()
+    cpu0, sys0 = _cpu(), _sys_cpu()
     k = len(socks)
     size = spec.pkt_len
     qos1 = spec.qos == 1
@@ -591,6 +597,7 @@ def _receive(socks: list[socket.socket], spec: SubSpec, start: float, expected) 
         "timeline": [n // div for n in timeline],
         "lat": lat.tobytes() if latency else b"",
         "cpu": _cpu() - cpu0,
+        "sys": _sys_cpu() - sys0,
         "wall": (t_last or now()) - start,
         "errors": errors,
         "pid": os.getpid(),

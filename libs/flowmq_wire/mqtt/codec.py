@@ -57,6 +57,7 @@ from flowmq_wire.mqtt.packets import (
     Pingreq,
     Pingresp,
     PlainPublish,
+    PlainPublish1,
     Properties,
     Puback,
     Pubcomp,
@@ -93,6 +94,7 @@ __all__ = [
     "UnsupportedProtocolVersion",
     "encode",
     "encode_publish",
+    "encode_pubacks",
 ]
 
 DEFAULT_MAX_PACKET_SIZE = 1 << 20
@@ -165,6 +167,11 @@ class MqttDecoder:
     raw)``, ``raw`` being the whole packet as received, instead of a :class:`Publish`: the
     commonest packet costs no object, and can be forwarded as it came.
 
+    ``plain_qos1=True`` (the same for QoS 1): a plain QoS 1 PUBLISH comes out as a
+    ``PlainPublish1`` list ``[topic, payload, raw, packet_id]`` (a list only so that its class
+    tells it from the QoS 0 tuple in one check), and a plain PUBACK (reason 0, no properties)
+    as its packet identifier, an ``int``: a QoS 1 message costs no packet object either way.
+
     After any :class:`MqttCodecError` the stream position is lost: close the connection.
     """
 
@@ -173,6 +180,7 @@ class MqttDecoder:
         "protocol_level",
         "connected",
         "plain_tuples",
+        "plain_qos1",
         "_limit",
         "_tail",
         "_need",
@@ -184,6 +192,7 @@ class MqttDecoder:
         protocol_level: int | None = None,
         max_packet_size: int | None = DEFAULT_MAX_PACKET_SIZE,
         plain_tuples: bool = False,
+        plain_qos1: bool = False,
     ) -> None:
         if protocol_level not in (None, 4, 5):
             raise ValueError(f"protocol_level must be 4 or 5, not {protocol_level!r}")
@@ -196,6 +205,7 @@ class MqttDecoder:
         self.connected = protocol_level is not None
         """True once a CONNECT has been decoded completely (always True client-side)."""
         self.plain_tuples = plain_tuples
+        self.plain_qos1 = plain_qos1
         self.max_packet_size = max_packet_size  # sets _limit
         self._tail = bytearray()
         self._need = 0
@@ -214,7 +224,9 @@ class MqttDecoder:
         """Bytes of an incomplete packet held for the next ``feed``."""
         return len(self._tail)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet | PlainPublish]:
+    def feed(
+        self, data: bytes | bytearray | memoryview
+    ) -> list[Packet | PlainPublish | PlainPublish1 | int]:
         """Decode every complete packet in the data seen so far, in order.
 
         Raises :class:`MqttCodecError`; its ``packets`` holds the packets decoded from this call
@@ -234,10 +246,11 @@ class MqttDecoder:
         n = len(buf)
         pos = 0
         need = 0
-        out: list[Packet | PlainPublish] = []
+        out: list[Packet | PlainPublish | PlainPublish1 | int] = []
         append = out.append
         limit = self._limit
         plain = self.plain_tuples
+        plain1 = self.plain_qos1
         if not self.connected and n and buf[0] & 0xF0 != 0x10:
             # Rejected on its first byte: nothing before CONNECT is worth buffering.
             e = ProtocolViolation(f"first packet must be CONNECT, got {_type_name(buf[0] >> 4)}")
@@ -290,6 +303,25 @@ class MqttDecoder:
                         continue
                     p = q
                     qos, retain, dup, packet_id = 0, False, False, None
+                elif b0 == 0x32 and plain1:
+                    # QoS 1, no retain, no DUP: as a list when plain (v5: no properties).
+                    q = start + 2 + ((buf[start] << 8) | buf[start + 1])
+                    p = q + 2
+                    if p > end:
+                        raise MalformedPacket("PUBLISH topic or packet id runs past the packet")
+                    packet_id = (buf[q] << 8) | buf[q + 1]
+                    if not packet_id:
+                        raise ProtocolViolation("PUBLISH with QoS > 0 and packet identifier 0")
+                    if q > start + 2 and (level == 4 or (p < end and buf[p] == 0)):
+                        topic = buf[start + 2 : q].decode()
+                        if "\x00" in topic:
+                            raise MalformedPacket("topic contains U+0000")
+                        append(
+                            [topic, buf[p if level == 4 else p + 1 : end], buf[pos:end], packet_id]
+                        )
+                        pos = end
+                        continue
+                    qos, retain, dup = 1, False, False
                 elif b0 & 0xF0 == 0x30:
                     q = start + 2 + ((buf[start] << 8) | buf[start + 1])
                     qos = (b0 >> 1) & 3
@@ -316,7 +348,7 @@ class MqttDecoder:
                     packet_id = (buf[start] << 8) | buf[start + 1]
                     if not packet_id:
                         raise ProtocolViolation("PUBACK with packet identifier 0")
-                    append(Puback(packet_id, 0, EMPTY_PROPERTIES))
+                    append(packet_id if plain1 else Puback(packet_id, 0, EMPTY_PROPERTIES))
                     pos = end
                     continue
                 else:
@@ -733,6 +765,14 @@ class PreparedPublish:
                 bytes((0x30 | flags,)) + encode_vbi(self._size + 2) + self._head
             )
         return prefix + pack_u16(packet_id) + self._tail  # type: ignore[arg-type]
+
+
+def encode_pubacks(packet_ids: list[int], reason_code: int = 0) -> bytes:
+    """The PUBACKs of ``packet_ids``, joined: one write acknowledges a run of QoS 1 PUBLISH
+    packets.  Each has ``reason_code`` (a v5 one; 3.1.1 only has 0) and no properties."""
+    if not reason_code:  # 40 02 id id: one 32-bit integer each
+        return struct.pack(f">{len(packet_ids)}I", *[0x40020000 | i for i in packet_ids])
+    return b"".join(bytes((0x40, 3, i >> 8, i & 0xFF, reason_code)) for i in packet_ids)
 
 
 def _encode_connect(p: Connect, level: int) -> bytes:

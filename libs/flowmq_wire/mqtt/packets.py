@@ -178,6 +178,11 @@ PlainPublish = tuple[str, bytes, bytes]
 """A plain QoS 0 PUBLISH as ``MqttDecoder(plain_tuples=True)`` yields it: topic, payload, and
 the whole packet as received (no retain, no DUP, no properties)."""
 
+PlainPublish1 = list
+"""A plain QoS 1 PUBLISH as ``MqttDecoder(plain_qos1=True)`` yields it: ``[topic, payload,
+raw, packet_id]`` (no retain, no DUP, no properties; a list, not a tuple, so that its class
+alone tells it from a ``PlainPublish``)."""
+
 
 @_packet()
 class _PubResponse(Packet):
@@ -317,6 +322,7 @@ __all__ = [
     "Pingreq",
     "Pingresp",
     "PlainPublish",
+    "PlainPublish1",
     "Properties",
     "Puback",
     "Pubcomp",

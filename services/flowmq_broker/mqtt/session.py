@@ -152,6 +152,19 @@ class Session:
             self.inflight_bytes -= len(out.message.payload)
         return out
 
+    def remove_inflight_run(self, packet_ids: list[int]) -> int:
+        """``remove_inflight`` of each of ``packet_ids`` (a run of PUBACKs) in one pass; how
+        many were in flight."""
+        inflight = self.inflight
+        removed = freed = 0
+        for packet_id in packet_ids:
+            out = inflight.pop(packet_id, None)
+            if out is not None:
+                removed += 1
+                freed += len(out.message.payload)
+        self.inflight_bytes -= freed
+        return removed
+
     def allocate_packet_id(self) -> int:
         """The next packet id not in flight (1..65535, wrapping)."""
         for _ in range(65535):

@@ -100,6 +100,50 @@ def test_plain_tuples_carry_plain_qos0_publish_as_received(
     assert _feed_split(MqttDecoder(plain_tuples=True), stream, cuts) == expected
 
 
+def _plain_qos1_form(p: Packet, raw: bytes) -> object:
+    """What ``plain_qos1`` makes of ``p``: a list for a plain QoS 1 PUBLISH, the packet id for a
+    plain PUBACK, ``p`` itself otherwise."""
+    if (
+        isinstance(p, Publish)
+        and p.qos == 1
+        and not (p.retain or p.dup or p.properties)
+        and bool(p.topic)
+    ):
+        return [p.topic, p.payload, raw, p.packet_id]
+    if isinstance(p, Puback) and not (p.reason_code or p.properties):
+        return p.packet_id
+    return p
+
+
+@SETTINGS
+@given(client_sessions(), st.data())
+def test_plain_qos1_carries_plain_qos1_publish_and_puback_as_received(
+    session: tuple[int, list], data: st.DataObject
+) -> None:
+    """``plain_qos1``: a plain QoS 1 PUBLISH is [topic, payload, its bytes, packet id], a plain
+    PUBACK its packet id; every other packet (QoS 0 too) decodes as before, wherever the
+    stream is split."""
+    level, packets = session
+    packets += [
+        Publish("plain/topic", b"payload", qos=1, packet_id=7),
+        Publish("plain/topic", b"", qos=1, packet_id=65535),
+        Publish("plain/topic", b"x", qos=1, retain=True, packet_id=8),
+        Publish("plain/topic", b"x", qos=1, dup=True, packet_id=9),
+        Puback(7),
+        Puback(8, rc.NO_MATCHING_SUBSCRIBERS) if level == 5 else Puback(8),
+    ]
+    encoded = [encode(p, level) for p in packets]
+    stream = b"".join(encoded)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=10))
+    expected = [_plain_qos1_form(p, raw) for p, raw in zip(packets, encoded, strict=True)]
+    assert _feed_split(MqttDecoder(plain_qos1=True), stream, cuts) == expected
+    for got, p in zip(expected, packets, strict=True):
+        if isinstance(got, list) and got[1]:
+            # The packet id sits right before the payload (v5: and the empty properties).
+            at = len(got[2]) - len(got[1]) - (3 if level == 5 else 2)
+            assert (got[2][at] << 8) | got[2][at + 1] == p.packet_id
+
+
 @SETTINGS
 @given(server_sessions())
 def test_server_to_client_roundtrip_whole_stream(session: tuple[int, list]) -> None:

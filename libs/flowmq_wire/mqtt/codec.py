@@ -17,6 +17,8 @@ decoding error), topic alias ranges and resolution, and anything that depends on
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,6 +58,7 @@ from flowmq_wire.mqtt.packets import (
     Packet,
     Pingreq,
     Pingresp,
+    PlainPubacks,
     PlainPublish,
     PlainPublish1,
     Properties,
@@ -98,6 +101,9 @@ __all__ = [
 ]
 
 DEFAULT_MAX_PACKET_SIZE = 1 << 20
+_LITTLE_ENDIAN = sys.byteorder == "little"
+# Plain PUBACKs decoded in one go at most (_puback_run): a few windows' worth.
+_PUBACK_RUN = 4096
 MAX_PACKET_SIZE = MAX_VBI + 5
 """Largest possible packet: the biggest remaining length plus a five-byte fixed header."""
 
@@ -120,6 +126,34 @@ _TO_CLIENT[5] = _TO_CLIENT[4] | {DISCONNECT, AUTH}
 
 _pack_BBH = struct.Struct(">BBH").pack
 _pack_BBBH = struct.Struct(">BBBH").pack
+
+
+def _puback_run(buf: bytes, pos: int, n: int) -> tuple[PlainPubacks, int]:
+    """The packet ids of the plain PUBACKs (``40 02 id id``) from ``pos`` on, a complete one
+    being there, and where they end: read a column of four-byte packets at a time, not a
+    packet at a time (a subscriber acknowledges its whole window in one read), at most
+    ``_PUBACK_RUN`` at a time (the rest of the read is copied once per run, not per PUBACK)."""
+    if pos + 8 > n or buf[pos + 4] != 0x40:  # one alone (in a read of other packets)
+        packet_id = (buf[pos + 2] << 8) | buf[pos + 3]
+        if not packet_id:
+            raise ProtocolViolation("PUBACK with packet identifier 0")
+        return array("H", (packet_id,)), pos + 4
+    block = buf[pos : pos + min((n - pos) & ~3, _PUBACK_RUN * 4)]
+    count = len(block) >> 2
+    count -= len(block[::4].lstrip(b"\x40"))  # up to the first packet of another type …
+    count -= len(block[1 : count * 4 : 4].lstrip(b"\x02"))  # … or another length
+    ids_be = bytearray(count * 2)
+    ids_be[::2] = block[2 : count * 4 : 4]
+    ids_be[1::2] = block[3 : count * 4 : 4]
+    ids = array("H", ids_be)
+    if _LITTLE_ENDIAN:
+        ids.byteswap()
+    if 0 in ids:  # up to the bad one, which the next call refuses
+        count = ids.index(0)
+        if not count:
+            raise ProtocolViolation("PUBACK with packet identifier 0")
+        del ids[count:]
+    return ids, pos + count * 4
 
 
 def _type_name(ptype: int) -> str:
@@ -169,8 +203,9 @@ class MqttDecoder:
 
     ``plain_qos1=True`` (the same for QoS 1): a plain QoS 1 PUBLISH comes out as a
     ``PlainPublish1`` list ``[topic, payload, raw, packet_id]`` (a list only so that its class
-    tells it from the QoS 0 tuple in one check), and a plain PUBACK (reason 0, no properties)
-    as its packet identifier, an ``int``: a QoS 1 message costs no packet object either way.
+    tells it from the QoS 0 tuple in one check), and a run of plain PUBACKs (reason 0, no
+    properties) as one ``PlainPubacks`` array of their packet identifiers: a QoS 1 message
+    costs no packet object either way.
 
     After any :class:`MqttCodecError` the stream position is lost: close the connection.
     """
@@ -226,7 +261,7 @@ class MqttDecoder:
 
     def feed(
         self, data: bytes | bytearray | memoryview
-    ) -> list[Packet | PlainPublish | PlainPublish1 | int]:
+    ) -> list[Packet | PlainPublish | PlainPublish1 | PlainPubacks]:
         """Decode every complete packet in the data seen so far, in order.
 
         Raises :class:`MqttCodecError`; its ``packets`` holds the packets decoded from this call
@@ -246,7 +281,7 @@ class MqttDecoder:
         n = len(buf)
         pos = 0
         need = 0
-        out: list[Packet | PlainPublish | PlainPublish1 | int] = []
+        out: list[Packet | PlainPublish | PlainPublish1 | PlainPubacks] = []
         append = out.append
         limit = self._limit
         plain = self.plain_tuples
@@ -345,10 +380,14 @@ class MqttDecoder:
                     dup = (b0 & 8) != 0
                 elif b0 == 0x40 and rl == 2:
                     # Plain PUBACK, the other half of QoS 1 traffic.
+                    if plain1:  # with those right after it, as one array of packet ids
+                        ids, pos = _puback_run(buf, pos, n)
+                        append(ids)
+                        continue
                     packet_id = (buf[start] << 8) | buf[start + 1]
                     if not packet_id:
                         raise ProtocolViolation("PUBACK with packet identifier 0")
-                    append(packet_id if plain1 else Puback(packet_id, 0, EMPTY_PROPERTIES))
+                    append(Puback(packet_id, 0, EMPTY_PROPERTIES))
                     pos = end
                     continue
                 else:

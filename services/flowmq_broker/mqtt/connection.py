@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,7 @@ from flowmq_wire.mqtt.packets import (
     Disconnect,
     Pingreq,
     Pingresp,
+    PlainPubacks,
     Puback,
     Pubcomp,
     Publish,
@@ -89,7 +91,8 @@ class MqttConnection(asyncio.Protocol):
         self.delivery = server.delivery
         self.namespace = DEFAULT_NAMESPACE
         # Plain QoS 0 PUBLISH packets come as (topic, payload, raw) tuples, plain QoS 1 ones as
-        # [topic, payload, raw, packet id] lists, plain PUBACKs as packet ids: see _handle_all.
+        # [topic, payload, raw, packet id] lists, runs of plain PUBACKs as arrays of packet
+        # ids: see _handle_all.
         self.decoder = MqttDecoder(
             server=True,
             max_packet_size=server.max_packet_size,
@@ -195,13 +198,11 @@ class MqttConnection(asyncio.Protocol):
         run_topic = ""
         run_plan: RoutePlan | None = None
         run_size = 0
-        # The same for plain QoS 1 PUBLISH packets (their PlainPublish1 lists: _publish_run1),
-        # and the packet ids of a run of plain PUBACKs (_release).  At most one of the three
-        # runs is open at a time: a packet of another kind ends the open one first.
+        # The same for plain QoS 1 PUBLISH packets (their PlainPublish1 lists: _publish_run1);
+        # one run is open at a time: a packet of another kind ends it first.
         run1: list[list[Any]] = []
         run1_topic = ""
         run1_plan: RoutePlan | None = None
-        acked: list[int] = []
         rest = iter(packets)
         try:
             for packet in rest:
@@ -225,9 +226,6 @@ class MqttConnection(asyncio.Protocol):
                     elif run1_plan is not None:
                         self._publish_run1(run1_plan, run1_topic, run1)
                         run1_plan = None
-                    elif acked:
-                        self._release(acked)
-                        acked = []
                     plan = fast.get(topic) if fast is not None else None
                     if plan is not None:
                         run, run_topic, run_plan = [packet[2]], topic, plan
@@ -250,9 +248,6 @@ class MqttConnection(asyncio.Protocol):
                     elif run_plan is not None:
                         self._publish_run(run_plan, run_topic, run, run_size)
                         run_plan = None
-                    elif acked:
-                        self._release(acked)
-                        acked = []
                     plan = fast.get(topic) if fast is not None else None
                     if plan is not None and self._may_run_qos1(plan):
                         run1, run1_topic, run1_plan = [packet], topic, plan
@@ -269,12 +264,9 @@ class MqttConnection(asyncio.Protocol):
                 elif run1_plan is not None:
                     self._publish_run1(run1_plan, run1_topic, run1)
                     run1_plan = None
-                if cls is int:  # a plain PUBACK: its packet id
-                    acked.append(packet)
+                if cls is array:  # a run of plain PUBACKs: their packet ids
+                    self._release(packet)
                     continue
-                if acked:
-                    self._release(acked)
-                    acked = []
                 delivery.send_forwards()
                 if cls is Publish:
                     on_publish(packet)
@@ -289,8 +281,6 @@ class MqttConnection(asyncio.Protocol):
                 self._publish_run(run_plan, run_topic, run, run_size)
             elif run1_plan is not None:
                 self._publish_run1(run1_plan, run1_topic, run1)
-            elif acked:
-                self._release(acked)
             delivery.send_forwards()
 
     def _publish_run(self, plan: RoutePlan, topic: str, run: list[bytes], size: int) -> None:
@@ -329,7 +319,7 @@ class MqttConnection(asyncio.Protocol):
         success = rc.SUCCESS if plan.bindings or self.level != 5 else rc.NO_MATCHING_SUBSCRIBERS
         self.write(encode_pubacks([packet[3] for packet in run], success))
 
-    def _release(self, packet_ids: list[int]) -> None:
+    def _release(self, packet_ids: PlainPubacks) -> None:
         """A run of plain PUBACKs: their messages leave the window in one pass, then what
         waited for room goes out."""
         session = self.session
@@ -577,8 +567,8 @@ class MqttConnection(asyncio.Protocol):
         if cls is list:  # a plain QoS 1 PUBLISH
             self._on_publish(Publish(packet[0], packet[1], 1, False, False, packet[3]), None, True)
             return
-        if cls is int:  # a plain PUBACK
-            self._release([packet])
+        if cls is array:  # a run of plain PUBACKs
+            self._release(packet)
             return
         handler = _HANDLERS.get(packet.__class__)
         if handler is None:

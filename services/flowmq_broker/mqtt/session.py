@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from flowmq_broker.mqtt.metrics import mqtt_metrics
@@ -152,7 +153,7 @@ class Session:
             self.inflight_bytes -= len(out.message.payload)
         return out
 
-    def remove_inflight_run(self, packet_ids: list[int]) -> int:
+    def remove_inflight_run(self, packet_ids: Iterable[int]) -> int:
         """``remove_inflight`` of each of ``packet_ids`` (a run of PUBACKs) in one pass; how
         many were in flight."""
         inflight = self.inflight

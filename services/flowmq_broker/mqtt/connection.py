@@ -1187,7 +1187,7 @@ class MqttConnection(asyncio.Protocol):
         unsent = session.unsent
         while unsent and len(session.inflight) - len(unsent) < window:
             packet_id = unsent.popleft()
-            out = session.inflight.get(packet_id)
+            out = session.outgoing(packet_id)
             if out is None:
                 continue
             if out.released:
@@ -1213,12 +1213,12 @@ class MqttConnection(asyncio.Protocol):
 
     def _on_puback(self, p: Puback) -> None:
         session = self.session
-        if session is not None and session.remove_inflight(p.packet_id) is not None:
+        if session is not None and session.remove_inflight(p.packet_id):
             self._send_queued()
 
     def _on_pubrec(self, p: Pubrec) -> None:
         session = self.session
-        out = session.inflight.get(p.packet_id) if session else None
+        out = session.outgoing(p.packet_id) if session else None
         if out is None or out.qos != 2:
             self.send(Pubrel(p.packet_id, rc.PACKET_ID_NOT_FOUND if self.level == 5 else 0))
             return

@@ -47,6 +47,7 @@ from flowmq_broker.mqtt.session import (
     SessionConnection,
     Subscription,
     delivery_extra,
+    plain_message,
     session_enqueue,
 )
 from flowmq_broker.routing import Binding, DestinationType, DestinationUnavailable, Router
@@ -407,6 +408,7 @@ class MqttDelivery:
         origin = session.client_id
         level = source.level
         messages: list[Message] | None = None
+        stamped = False
         longest = 0
         sessions = self.sessions
         for key, subs, single in plan.plain:
@@ -428,9 +430,12 @@ class MqttDelivery:
             ):
                 if single.options.no_local and target.client_id == origin:
                     continue
-                if messages is None:
-                    messages = run_messages(topic, run, origin)
-                self._send_run1(conn, run, messages, source)
+                if not stamped:  # what a message in flight needs besides the packet
+                    stamp = (origin, now_ms())
+                    for packet in run:
+                        packet.append(stamp)
+                    stamped = True
+                self._send_run1(conn, run, topic, origin, source)
                 continue
             if messages is None:
                 messages = run_messages(topic, run, origin)
@@ -442,28 +447,18 @@ class MqttDelivery:
         self,
         conn: SessionConnection,
         run: list[list[Any]],
-        messages: list[Message],
+        topic: str,
+        origin: str,
         source: Source,
     ) -> None:
         """``send`` of a run of QoS 1 messages (``publish_run1``) to ``conn``: as many as its
-        window takes go out in one write, the publisher's packets joined with their packet
-        ids replaced by ours (two bytes right before the payload, or before the empty
-        properties of v5); the rest wait in its session."""
+        window takes go in flight as they are (``Session.add_run_inflight``) and out in one
+        write, the publisher's packets joined with their packet ids replaced by ours (two
+        bytes right before the payload, or before the empty properties of v5); the rest wait
+        in its session."""
         session = conn.session
         assert session is not None
-        inflight = session.inflight
-        window = conn.client_receive_maximum
-        max_bytes = self.max_inflight_bytes
-        allocate = session.allocate_packet_id
-        add = session.add_inflight
-        extra = delivery_extra(_NO_IDS, None)
-        ids: list[int] = []
-        for message in messages:
-            if len(inflight) >= window or session.inflight_bytes >= max_bytes:
-                break
-            packet_id = allocate()
-            add(packet_id, Outgoing(message, 1, False, extra))
-            ids.append(packet_id)
+        ids = session.add_run_inflight(run, conn.client_receive_maximum, self.max_inflight_bytes)
         sent = len(ids)
         if sent:
             data = bytearray(b"".join([packet[2] for packet in run[:sent]]))
@@ -479,8 +474,8 @@ class MqttDelivery:
             conn.write(bytes(data))
             conn.out_count += sent  # added to the metrics once per flush
             conn.out_payload += payload
-        if sent < len(messages):
-            for message in messages[sent:]:
+        if sent < len(run):
+            for message in run_messages(topic, run[sent:], origin):
                 session_enqueue(session, message, 1, False, _NO_IDS)
             self.check_congestion(session, source)
 
@@ -675,7 +670,7 @@ class MqttDelivery:
         received (PUBREC) is its own."""
         orphans = [
             (out.message, out.properties["shared"])
-            for out in session.inflight.values()
+            for _, out in session.outgoings()
             if "shared" in out.properties and not out.released
         ]
         orphans += [(m, extra["shared"]) for m, _, _, extra in session.queue if "shared" in extra]
@@ -829,10 +824,7 @@ def run_messages(topic: str, run: list[list[Any]], origin: str) -> list[Message]
     timestamp, one read-only extras dict)."""
     now = now_ms()
     extra = {"origin": origin}
-    return [
-        Message(topic, packet[1], 1, False, [], now, None, None, None, "mqtt", extra)
-        for packet in run
-    ]
+    return [plain_message(topic, packet[1], 1, now, extra) for packet in run]
 
 
 def _plain_publish(topic: str, payload: bytes, level: int) -> bytes:

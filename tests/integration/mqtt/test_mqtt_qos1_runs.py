@@ -170,3 +170,29 @@ def test_pubacks_keep_the_publish_order_behind_a_stored_message(raw, uid):
     assert [a.packet_id for a in acks] == [p.packet_id for p in packets]
     assert keeper.expect(Publish).payload == b"s"
     assert [sub.expect(Publish).payload for _ in range(N)] == [p.payload for p in packets[1:]]
+
+
+def test_a_run_in_flight_is_sent_again_to_the_client_that_takes_the_session_over(raw, uid):
+    """A run's messages in flight are kept as they came (no message made for each): a client
+    that takes the session over gets them again, DUP set, under the same packet ids."""
+    topic = f"run1resume/{uid}"
+    first = raw(4)
+    first.connect(f"sub-{uid}")
+    first.subscribe((topic, SubscriptionOptions(1)))
+    pub = raw(4)
+    pub.connect(f"pub-{uid}")
+    pub.publish(topic, b"first", 1)
+    acked = first.expect(Publish)
+    first.send(Puback(acked.packet_id))
+    payloads = [f"r{i}".encode() for i in range(N)]
+    _burst(pub, topic, payloads)
+    assert len(_pubacks(pub, N)) == N
+    sent = [first.expect(Publish) for _ in range(N)]  # and never acknowledged
+    again = raw(4)
+    assert again.connect(f"sub-{uid}", clean_start=False).session_present
+    resent = [again.expect(Publish) for _ in range(N)]
+    assert [(p.packet_id, p.payload) for p in resent] == [(p.packet_id, p.payload) for p in sent]
+    assert all(p.dup and p.qos == 1 and p.topic == topic for p in resent)
+    again.send(*(Puback(p.packet_id) for p in resent))
+    pub.publish(topic, b"after", 1)
+    assert again.expect(Publish).payload == b"after"

@@ -338,25 +338,6 @@ class MqttDecoder:
                         continue
                     p = q
                     qos, retain, dup, packet_id = 0, False, False, None
-                elif b0 == 0x32 and plain1:
-                    # QoS 1, no retain, no DUP: as a list when plain (v5: no properties).
-                    q = start + 2 + ((buf[start] << 8) | buf[start + 1])
-                    p = q + 2
-                    if p > end:
-                        raise MalformedPacket("PUBLISH topic or packet id runs past the packet")
-                    packet_id = (buf[q] << 8) | buf[q + 1]
-                    if not packet_id:
-                        raise ProtocolViolation("PUBLISH with QoS > 0 and packet identifier 0")
-                    if q > start + 2 and (level == 4 or (p < end and buf[p] == 0)):
-                        topic = buf[start + 2 : q].decode()
-                        if "\x00" in topic:
-                            raise MalformedPacket("topic contains U+0000")
-                        append(
-                            [topic, buf[p if level == 4 else p + 1 : end], buf[pos:end], packet_id]
-                        )
-                        pos = end
-                        continue
-                    qos, retain, dup = 1, False, False
                 elif b0 & 0xF0 == 0x30:
                     q = start + 2 + ((buf[start] << 8) | buf[start + 1])
                     qos = (b0 >> 1) & 3
@@ -369,6 +350,20 @@ class MqttDecoder:
                         packet_id = (buf[q] << 8) | buf[q + 1]
                         if not packet_id:
                             raise ProtocolViolation("PUBLISH with QoS > 0 and packet identifier 0")
+                        # QoS 1, no retain, no DUP: as a list when plain (v5: no properties).
+                        if (
+                            b0 == 0x32
+                            and plain1
+                            and q > start + 2
+                            and (level == 4 or (p < end and buf[p] == 0))
+                        ):
+                            topic = buf[start + 2 : q].decode()
+                            if "\x00" in topic:
+                                raise MalformedPacket("topic contains U+0000")
+                            payload = buf[p if level == 4 else p + 1 : end]
+                            append([topic, payload, buf[pos:end], packet_id])
+                            pos = end
+                            continue
                     else:
                         if b0 & 8:
                             raise MalformedPacket("DUP flag set on a QoS 0 PUBLISH")

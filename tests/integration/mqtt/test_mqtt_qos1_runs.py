@@ -80,8 +80,8 @@ def test_a_run_past_the_receive_maximum_waits_and_goes_on_as_pubacks_come(raw, u
 
 def test_subscribers_of_other_shapes_get_what_they_asked_for(raw, uid):
     """One run, several subscribers: a 3.1.1 one at QoS 1 (the packets as they came), a
-    QoS 0 subscription, a v5 one with a subscription identifier, and one with a filter that
-    overlaps another of its own."""
+    QoS 0 subscription, a v5 one (another protocol level), a v5 one with a subscription
+    identifier, and one with a filter that overlaps another of its own."""
     topic = f"run1shape/{uid}/t"
     plain = raw(4)
     plain.connect(f"plain-{uid}")
@@ -89,6 +89,9 @@ def test_subscribers_of_other_shapes_get_what_they_asked_for(raw, uid):
     qos0 = raw(4)
     qos0.connect(f"qos0-{uid}")
     qos0.subscribe((topic, SubscriptionOptions(0)))
+    v5 = raw(5)
+    v5.connect(f"v5-{uid}")
+    v5.subscribe((topic, SubscriptionOptions(1)))
     ided = raw(5)
     ided.connect(f"ided-{uid}")
     ided.subscribe((topic, SubscriptionOptions(1)), sub_id=9)
@@ -98,21 +101,42 @@ def test_subscribers_of_other_shapes_get_what_they_asked_for(raw, uid):
     pub = raw(4)
     pub.connect(f"pub-{uid}")
     pub.publish(topic, b"x", 1)
-    for c in (plain, qos0, ided, both):
+    for c in (plain, qos0, v5, ided, both):
         c.expect(Publish)
     payloads = [f"p{i}".encode() for i in range(N)]
     _burst(pub, topic, payloads)
     assert len(_pubacks(pub, N)) == N
-    got = {name: [c.expect(Publish) for _ in range(N)] for name, c in
-           (("plain", plain), ("qos0", qos0), ("ided", ided), ("both", both))}  # fmt: skip
+    clients = {"plain": plain, "qos0": qos0, "v5": v5, "ided": ided, "both": both}
+    got = {name: [c.expect(Publish) for _ in range(N)] for name, c in clients.items()}
     for packets in got.values():
         assert [p.payload for p in packets] == payloads
-    assert all(p.qos == 1 for p in got["plain"] + got["ided"] + got["both"])
+    assert all(p.qos == 1 for p in got["plain"] + got["v5"] + got["ided"] + got["both"])
     assert all(p.qos == 0 and p.packet_id is None for p in got["qos0"])
     assert all(p.properties.get("subscription_identifier") == [9] for p in got["ided"])
-    for name, c in (("plain", plain), ("ided", ided), ("both", both)):
-        c.send(*(Puback(p.packet_id) for p in got[name]))
-        c.expect_nothing()
+    for name in ("plain", "v5", "ided", "both"):
+        clients[name].send(*(Puback(p.packet_id) for p in got[name]))
+        clients[name].expect_nothing()
+
+
+def test_a_run_to_a_subscriber_with_a_maximum_packet_size_drops_only_the_larger(raw, uid):
+    topic = f"run1max/{uid}"
+    sub = raw(5)
+    sub.connect(f"sub-{uid}", properties={"maximum_packet_size": 100})
+    sub.subscribe((topic, SubscriptionOptions(1)))
+    pub = raw(5)
+    pub.connect(f"pub-{uid}")
+    pub.publish(topic, b"x", 1)
+    sub.send(Puback(sub.expect(Publish).packet_id))
+    payloads = [(b"big" * 40 if i % 3 == 0 else f"s{i}".encode()) for i in range(N)]
+    _burst(pub, topic, payloads)
+    assert len(_pubacks(pub, N)) == N
+    small = [p for p in payloads if len(p) < 100]
+    got = [sub.expect(Publish) for _ in small]
+    assert [p.payload for p in got] == small
+    sub.send(*(Puback(p.packet_id) for p in got))
+    sub.expect_nothing()
+    pub.publish(topic, b"after", 1)  # the dropped ones hold no place in the window
+    assert sub.expect(Publish).payload == b"after"
 
 
 def test_a_v5_run_without_subscribers_is_told_so(raw, uid):

@@ -17,6 +17,8 @@ decoding error), topic alias ranges and resolution, and anything that depends on
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -56,7 +58,9 @@ from flowmq_wire.mqtt.packets import (
     Packet,
     Pingreq,
     Pingresp,
+    PlainPubacks,
     PlainPublish,
+    PlainPublish1,
     Properties,
     Puback,
     Pubcomp,
@@ -93,9 +97,13 @@ __all__ = [
     "UnsupportedProtocolVersion",
     "encode",
     "encode_publish",
+    "encode_pubacks",
 ]
 
 DEFAULT_MAX_PACKET_SIZE = 1 << 20
+_LITTLE_ENDIAN = sys.byteorder == "little"
+# Plain PUBACKs decoded in one go at most (_puback_run): a few windows' worth.
+_PUBACK_RUN = 4096
 MAX_PACKET_SIZE = MAX_VBI + 5
 """Largest possible packet: the biggest remaining length plus a five-byte fixed header."""
 
@@ -118,6 +126,34 @@ _TO_CLIENT[5] = _TO_CLIENT[4] | {DISCONNECT, AUTH}
 
 _pack_BBH = struct.Struct(">BBH").pack
 _pack_BBBH = struct.Struct(">BBBH").pack
+
+
+def _puback_run(buf: bytes, pos: int, n: int) -> tuple[PlainPubacks, int]:
+    """The packet ids of the plain PUBACKs (``40 02 id id``) from ``pos`` on, a complete one
+    being there, and where they end: read a column of four-byte packets at a time, not a
+    packet at a time (a subscriber acknowledges its whole window in one read), at most
+    ``_PUBACK_RUN`` at a time (the rest of the read is copied once per run, not per PUBACK)."""
+    if pos + 8 > n or buf[pos + 4] != 0x40:  # one alone (in a read of other packets)
+        packet_id = (buf[pos + 2] << 8) | buf[pos + 3]
+        if not packet_id:
+            raise ProtocolViolation("PUBACK with packet identifier 0")
+        return array("H", (packet_id,)), pos + 4
+    block = buf[pos : pos + min((n - pos) & ~3, _PUBACK_RUN * 4)]
+    count = len(block) >> 2
+    count -= len(block[::4].lstrip(b"\x40"))  # up to the first packet of another type …
+    count -= len(block[1 : count * 4 : 4].lstrip(b"\x02"))  # … or another length
+    ids_be = bytearray(count * 2)
+    ids_be[::2] = block[2 : count * 4 : 4]
+    ids_be[1::2] = block[3 : count * 4 : 4]
+    ids = array("H", ids_be)
+    if _LITTLE_ENDIAN:
+        ids.byteswap()
+    if 0 in ids:  # up to the bad one, which the next call refuses
+        count = ids.index(0)
+        if not count:
+            raise ProtocolViolation("PUBACK with packet identifier 0")
+        del ids[count:]
+    return ids, pos + count * 4
 
 
 def _type_name(ptype: int) -> str:
@@ -165,6 +201,12 @@ class MqttDecoder:
     raw)``, ``raw`` being the whole packet as received, instead of a :class:`Publish`: the
     commonest packet costs no object, and can be forwarded as it came.
 
+    ``plain_qos1=True`` (the same for QoS 1): a plain QoS 1 PUBLISH comes out as a
+    ``PlainPublish1`` list ``[topic, payload, raw, packet_id]`` (a list only so that its class
+    tells it from the QoS 0 tuple in one check), and a run of plain PUBACKs (reason 0, no
+    properties) as one ``PlainPubacks`` array of their packet identifiers: a QoS 1 message
+    costs no packet object either way.
+
     After any :class:`MqttCodecError` the stream position is lost: close the connection.
     """
 
@@ -173,6 +215,7 @@ class MqttDecoder:
         "protocol_level",
         "connected",
         "plain_tuples",
+        "plain_qos1",
         "_limit",
         "_tail",
         "_need",
@@ -184,6 +227,7 @@ class MqttDecoder:
         protocol_level: int | None = None,
         max_packet_size: int | None = DEFAULT_MAX_PACKET_SIZE,
         plain_tuples: bool = False,
+        plain_qos1: bool = False,
     ) -> None:
         if protocol_level not in (None, 4, 5):
             raise ValueError(f"protocol_level must be 4 or 5, not {protocol_level!r}")
@@ -196,6 +240,7 @@ class MqttDecoder:
         self.connected = protocol_level is not None
         """True once a CONNECT has been decoded completely (always True client-side)."""
         self.plain_tuples = plain_tuples
+        self.plain_qos1 = plain_qos1
         self.max_packet_size = max_packet_size  # sets _limit
         self._tail = bytearray()
         self._need = 0
@@ -214,7 +259,9 @@ class MqttDecoder:
         """Bytes of an incomplete packet held for the next ``feed``."""
         return len(self._tail)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Packet | PlainPublish]:
+    def feed(
+        self, data: bytes | bytearray | memoryview
+    ) -> list[Packet | PlainPublish | PlainPublish1 | PlainPubacks]:
         """Decode every complete packet in the data seen so far, in order.
 
         Raises :class:`MqttCodecError`; its ``packets`` holds the packets decoded from this call
@@ -234,10 +281,11 @@ class MqttDecoder:
         n = len(buf)
         pos = 0
         need = 0
-        out: list[Packet | PlainPublish] = []
+        out: list[Packet | PlainPublish | PlainPublish1 | PlainPubacks] = []
         append = out.append
         limit = self._limit
         plain = self.plain_tuples
+        plain1 = self.plain_qos1
         if not self.connected and n and buf[0] & 0xF0 != 0x10:
             # Rejected on its first byte: nothing before CONNECT is worth buffering.
             e = ProtocolViolation(f"first packet must be CONNECT, got {_type_name(buf[0] >> 4)}")
@@ -302,6 +350,20 @@ class MqttDecoder:
                         packet_id = (buf[q] << 8) | buf[q + 1]
                         if not packet_id:
                             raise ProtocolViolation("PUBLISH with QoS > 0 and packet identifier 0")
+                        # QoS 1, no retain, no DUP: as a list when plain (v5: no properties).
+                        if (
+                            b0 == 0x32
+                            and plain1
+                            and q > start + 2
+                            and (level == 4 or (p < end and buf[p] == 0))
+                        ):
+                            topic = buf[start + 2 : q].decode()
+                            if "\x00" in topic:
+                                raise MalformedPacket("topic contains U+0000")
+                            payload = buf[p if level == 4 else p + 1 : end]
+                            append([topic, payload, buf[pos:end], packet_id])
+                            pos = end
+                            continue
                     else:
                         if b0 & 8:
                             raise MalformedPacket("DUP flag set on a QoS 0 PUBLISH")
@@ -313,6 +375,10 @@ class MqttDecoder:
                     dup = (b0 & 8) != 0
                 elif b0 == 0x40 and rl == 2:
                     # Plain PUBACK, the other half of QoS 1 traffic.
+                    if plain1:  # with those right after it, as one array of packet ids
+                        ids, pos = _puback_run(buf, pos, n)
+                        append(ids)
+                        continue
                     packet_id = (buf[start] << 8) | buf[start + 1]
                     if not packet_id:
                         raise ProtocolViolation("PUBACK with packet identifier 0")
@@ -733,6 +799,14 @@ class PreparedPublish:
                 bytes((0x30 | flags,)) + encode_vbi(self._size + 2) + self._head
             )
         return prefix + pack_u16(packet_id) + self._tail  # type: ignore[arg-type]
+
+
+def encode_pubacks(packet_ids: list[int], reason_code: int = 0) -> bytes:
+    """The PUBACKs of ``packet_ids``, joined: one write acknowledges a run of QoS 1 PUBLISH
+    packets.  Each has ``reason_code`` (a v5 one; 3.1.1 only has 0) and no properties."""
+    if not reason_code:  # 40 02 id id: one 32-bit integer each
+        return struct.pack(f">{len(packet_ids)}I", *[0x40020000 | i for i in packet_ids])
+    return b"".join(bytes((0x40, 3, i >> 8, i & 0xFF, reason_code)) for i in packet_ids)
 
 
 def _encode_connect(p: Connect, level: int) -> bytes:

@@ -14,6 +14,7 @@ otherwise. To change a decoded packet's properties, build a new dict
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple, TypeVar
@@ -178,6 +179,15 @@ PlainPublish = tuple[str, bytes, bytes]
 """A plain QoS 0 PUBLISH as ``MqttDecoder(plain_tuples=True)`` yields it: topic, payload, and
 the whole packet as received (no retain, no DUP, no properties)."""
 
+PlainPublish1 = list
+"""A plain QoS 1 PUBLISH as ``MqttDecoder(plain_qos1=True)`` yields it: ``[topic, payload,
+raw, packet_id]`` (no retain, no DUP, no properties; a list, not a tuple, so that its class
+alone tells it from a ``PlainPublish``)."""
+
+PlainPubacks = array
+"""A run of plain PUBACKs (reason 0, no properties) as ``MqttDecoder(plain_qos1=True)``
+yields it: their packet identifiers, in order, in an ``array("H")``."""
+
 
 @_packet()
 class _PubResponse(Packet):
@@ -316,7 +326,9 @@ __all__ = [
     "Packet",
     "Pingreq",
     "Pingresp",
+    "PlainPubacks",
     "PlainPublish",
+    "PlainPublish1",
     "Properties",
     "Puback",
     "Pubcomp",

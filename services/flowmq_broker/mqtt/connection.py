@@ -5,7 +5,9 @@ during that loop iteration — acks, and deliveries made by other connections' p
 joined into one ``transport.write`` per connection by a single flush when the read is done.
 A PUBLISH is checked here (topic, alias, ACL) and handed to ``flowmq_broker.mqtt.delivery``
 with this connection as its source; a plain QoS 0 one goes by its topic's cached route plan,
-forwarded as the bytes it came in.
+forwarded as the bytes it came in, and so does a plain QoS 1 one when nothing is to be waited
+for (``_may_run_qos1``): a run of them acknowledged in one write, a run of PUBACKs released
+in one pass.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -40,7 +43,7 @@ from flowmq_meta.catalog import DEFAULT_NAMESPACE
 from flowmq_meta.users import RATE_LIMITED
 from flowmq_queue import QueueFull
 from flowmq_wire.mqtt import reason_codes as rc
-from flowmq_wire.mqtt.codec import MqttDecoder, encode
+from flowmq_wire.mqtt.codec import MqttDecoder, encode, encode_pubacks
 from flowmq_wire.mqtt.errors import MqttCodecError, UnsupportedProtocolVersion
 from flowmq_wire.mqtt.packets import (
     Auth,
@@ -49,6 +52,7 @@ from flowmq_wire.mqtt.packets import (
     Disconnect,
     Pingreq,
     Pingresp,
+    PlainPubacks,
     Puback,
     Pubcomp,
     Publish,
@@ -86,9 +90,14 @@ class MqttConnection(asyncio.Protocol):
         self.server = server
         self.delivery = server.delivery
         self.namespace = DEFAULT_NAMESPACE
-        # Plain QoS 0 PUBLISH packets come as (topic, payload, raw) tuples: see _handle_all.
+        # Plain QoS 0 PUBLISH packets come as (topic, payload, raw) tuples, plain QoS 1 ones as
+        # [topic, payload, raw, packet id] lists, runs of plain PUBACKs as arrays of packet
+        # ids: see _handle_all.
         self.decoder = MqttDecoder(
-            server=True, max_packet_size=server.max_packet_size, plain_tuples=True
+            server=True,
+            max_packet_size=server.max_packet_size,
+            plain_tuples=True,
+            plain_qos1=True,
         )
         self.transport: asyncio.Transport | None = None
         self.level = 4
@@ -189,6 +198,11 @@ class MqttConnection(asyncio.Protocol):
         run_topic = ""
         run_plan: RoutePlan | None = None
         run_size = 0
+        # The same for plain QoS 1 PUBLISH packets (their PlainPublish1 lists: _publish_run1);
+        # one run is open at a time: a packet of another kind ends it first.
+        run1: list[list[Any]] = []
+        run1_topic = ""
+        run1_plan: RoutePlan | None = None
         rest = iter(packets)
         try:
             for packet in rest:
@@ -209,6 +223,9 @@ class MqttConnection(asyncio.Protocol):
                             continue
                         self._publish_run(run_plan, run_topic, run, run_size)
                         run_plan = None
+                    elif run1_plan is not None:
+                        self._publish_run1(run1_plan, run1_topic, run1)
+                        run1_plan = None
                     plan = fast.get(topic) if fast is not None else None
                     if plan is not None:
                         run, run_topic, run_plan = [packet[2]], topic, plan
@@ -220,9 +237,36 @@ class MqttConnection(asyncio.Protocol):
                         self._unread.extend(rest)
                         return
                     continue
+                if cls is list:  # a plain QoS 1 PUBLISH: [topic, payload, raw, packet id]
+                    topic = packet[0]
+                    if run1_plan is not None:
+                        if topic == run1_topic:
+                            run1.append(packet)
+                            continue
+                        self._publish_run1(run1_plan, run1_topic, run1)
+                        run1_plan = None
+                    elif run_plan is not None:
+                        self._publish_run(run_plan, run_topic, run, run_size)
+                        run_plan = None
+                    plan = fast.get(topic) if fast is not None else None
+                    if plan is not None and self._may_run_qos1(plan):
+                        run1, run1_topic, run1_plan = [packet], topic, plan
+                        continue
+                    delivery.send_forwards()
+                    on_publish(Publish(topic, packet[1], 1, False, False, packet[3]), None, True)
+                    if self._unread is not None:
+                        self._unread.extend(rest)
+                        return
+                    continue
                 if run_plan is not None:
                     self._publish_run(run_plan, run_topic, run, run_size)
                     run_plan = None
+                elif run1_plan is not None:
+                    self._publish_run1(run1_plan, run1_topic, run1)
+                    run1_plan = None
+                if cls is array:  # a run of plain PUBACKs: their packet ids
+                    self._release(packet)
+                    continue
                 delivery.send_forwards()
                 if cls is Publish:
                     on_publish(packet)
@@ -235,6 +279,8 @@ class MqttConnection(asyncio.Protocol):
         finally:
             if run_plan is not None:
                 self._publish_run(run_plan, run_topic, run, run_size)
+            elif run1_plan is not None:
+                self._publish_run1(run1_plan, run1_topic, run1)
             delivery.send_forwards()
 
     def _publish_run(self, plan: RoutePlan, topic: str, run: list[bytes], size: int) -> None:
@@ -247,8 +293,41 @@ class MqttConnection(asyncio.Protocol):
         self._in_bytes += size
         delivery.count(self.namespace, count, count * len(plan.bindings))
 
+    def _may_run_qos1(self, plan: RoutePlan) -> bool:
+        """Whether a run of plain QoS 1 PUBLISH packets on a checked topic may go by ``plan``
+        a run at a time, each acknowledged as soon as it is routed: no acknowledgement is
+        waiting before them (MQTT-4.6.0-2: in order), the client is within our receive
+        maximum, no other node has a route for the topic (a forward is confirmed first) and
+        no subscriber's session is persistent (stored first: docs/mqtt.md "Durability")."""
+        if plan.nodes or self._acks:
+            return False
+        session = self.session
+        assert session is not None
+        if len(session.incoming_qos2) >= SERVER_RECEIVE_MAXIMUM:
+            return False  # told by _on_publish
+        return self.delivery.in_memory_only(plan)
+
+    def _publish_run1(self, plan: RoutePlan, topic: str, run: list[list[Any]]) -> None:
+        """Route a run of plain QoS 1 PUBLISH packets (``_may_run_qos1``) on a checked
+        ``topic`` by its ``plan``, acknowledge them in one write, and count them."""
+        delivery = self.delivery
+        size = delivery.publish_run1(self, plan, topic, run)
+        count = len(run)
+        self._in_count += count
+        self._in_bytes += size
+        delivery.count(self.namespace, count, count * len(plan.bindings))
+        success = rc.SUCCESS if plan.bindings or self.level != 5 else rc.NO_MATCHING_SUBSCRIBERS
+        self.write(encode_pubacks([packet[3] for packet in run], success))
+
+    def _release(self, packet_ids: PlainPubacks) -> None:
+        """A run of plain PUBACKs: their messages leave the window in one pass, then what
+        waited for room goes out."""
+        session = self.session
+        if session is not None and session.remove_inflight_run(packet_ids):
+            self._send_queued()
+
     def _checked_topics(self) -> dict[str, RoutePlan] | None:
-        """The topics this client published plain QoS 0 messages on that passed every check
+        """The topics this client published plain QoS 0 or 1 messages on that passed every check
         (topic rules, ACL) and reach only plain subscribers, here and on other nodes, with
         their route plans; valid while neither the routes (this node's and the others') nor
         the client's ACLs change.  None: no such shortcut now (not connected)."""
@@ -481,8 +560,15 @@ class MqttConnection(asyncio.Protocol):
 
     # --- packets ------------------------------------------------------------------------
     def _handle(self, packet: Any) -> None:
-        if packet.__class__ is tuple:  # a plain QoS 0 PUBLISH (held while CONNECT waited)
+        cls = packet.__class__
+        if cls is tuple:  # a plain QoS 0 PUBLISH (held while CONNECT waited)
             self._on_publish(Publish(packet[0], packet[1]), packet[2])
+            return
+        if cls is list:  # a plain QoS 1 PUBLISH
+            self._on_publish(Publish(packet[0], packet[1], 1, False, False, packet[3]), None, True)
+            return
+        if cls is array:  # a run of plain PUBACKs
+            self._release(packet)
             return
         handler = _HANDLERS.get(packet.__class__)
         if handler is None:
@@ -884,8 +970,9 @@ class MqttConnection(asyncio.Protocol):
         self._send_queued()
 
     # --- inbound PUBLISH ----------------------------------------------------------------
-    def _on_publish(self, p: Publish, raw: bytes | None = None) -> None:
-        """A PUBLISH; ``raw``: the packet as received, if it is a plain QoS 0 one."""
+    def _on_publish(self, p: Publish, raw: bytes | None = None, plain1: bool = False) -> None:
+        """A PUBLISH; ``raw``: the packet as received, if it is a plain QoS 0 one; ``plain1``:
+        it is a plain QoS 1 one."""
         session = self.session
         if session is None:
             self.disconnect(rc.PROTOCOL_ERROR, "PUBLISH before CONNECT")
@@ -938,26 +1025,29 @@ class MqttConnection(asyncio.Protocol):
                 ack = Puback if qos == 1 else Pubrec
                 self.send(ack(packet_id, rc.NOT_AUTHORIZED if self.level == 5 else rc.SUCCESS))
             return
-        checked = self._checked_topics() if raw is not None else None
+        checked = self._checked_topics() if raw is not None or plain1 else None
         if checked is not None:
-            # Plain QoS 0: by the topic's route plan, as the bytes it came in, if only plain
-            # subscribers want it, here or on other nodes (no Stream, Queue or shared group);
-            # the topic is then remembered as checked (_handle_all takes the next ones
-            # straight, a run at a time).
+            # Plain QoS 0 and 1: if only plain subscribers want it, here or on other nodes (no
+            # Stream, Queue or shared group), the topic is remembered as checked with its
+            # route plan (_handle_all takes the next ones straight, a run at a time).  QoS 0
+            # goes by that plan now, as the bytes it came in.
             delivery = self.delivery
             try:
                 plan = delivery.plan(delivery.plans(namespace), namespace, topic)
             except DestinationUnavailable:
-                self.m.dropped.inc()
-                return
-            if plan.direct:
+                if raw is not None:
+                    self.m.dropped.inc()
+                    return
+                plan = None  # QoS 1: refused below, as dispatch finds it unavailable too
+            if plan is not None and plan.direct:
                 if len(checked) >= MAX_CHECKED_TOPICS:
                     checked.clear()
                 checked[topic] = plan
-                delivery.publish_run(self, plan, topic, [raw], len(p.payload))
-                delivery.send_forwards()
-                delivery.count(namespace, 1, len(plan.bindings))
-                return
+                if raw is not None:
+                    delivery.publish_run(self, plan, topic, [raw], len(p.payload))
+                    delivery.send_forwards()
+                    delivery.count(namespace, 1, len(plan.bindings))
+                    return
         message = message_from(topic, p.payload, qos, p.retain, props, self.client_id)
         pending: list[Any] = []
         if p.retain:
@@ -1097,7 +1187,7 @@ class MqttConnection(asyncio.Protocol):
         unsent = session.unsent
         while unsent and len(session.inflight) - len(unsent) < window:
             packet_id = unsent.popleft()
-            out = session.inflight.get(packet_id)
+            out = session.outgoing(packet_id)
             if out is None:
                 continue
             if out.released:
@@ -1123,12 +1213,12 @@ class MqttConnection(asyncio.Protocol):
 
     def _on_puback(self, p: Puback) -> None:
         session = self.session
-        if session is not None and session.remove_inflight(p.packet_id) is not None:
+        if session is not None and session.remove_inflight(p.packet_id):
             self._send_queued()
 
     def _on_pubrec(self, p: Pubrec) -> None:
         session = self.session
-        out = session.inflight.get(p.packet_id) if session else None
+        out = session.outgoing(p.packet_id) if session else None
         if out is None or out.qos != 2:
             self.send(Pubrel(p.packet_id, rc.PACKET_ID_NOT_FOUND if self.level == 5 else 0))
             return

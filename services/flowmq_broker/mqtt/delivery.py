@@ -12,6 +12,9 @@ Owns what every connection shares on the way out (DESIGN.md §11):
   peer's ``fwdr`` frame (``flowmq_broker.cluster``): written to each subscriber as the bytes
   they came in, joined, one write per subscriber per run; what they bring to other nodes is
   queued per (node, publisher) and goes in one frame per read (``send_forwards``);
+* runs of plain QoS 1 PUBLISH packets on one topic from a local publisher, when nothing is
+  waited for (``in_memory_only``, ``publish_run1``): to each subscriber of the publisher's
+  protocol level the packets as they came, joined, with packet ids of its own patched in;
 * the output batching: connections written to during a read are flushed once, one
   ``transport.write`` each, when the read is done;
 * flow control, told explicitly where a message came from (``source``: the publishing
@@ -44,6 +47,7 @@ from flowmq_broker.mqtt.session import (
     SessionConnection,
     Subscription,
     delivery_extra,
+    plain_message,
     session_enqueue,
 )
 from flowmq_broker.routing import Binding, DestinationType, DestinationUnavailable, Router
@@ -379,6 +383,102 @@ class MqttDelivery:
             conn.out_count += count
             conn.out_payload += payload_bytes
 
+    def in_memory_only(self, plan: RoutePlan) -> bool:
+        """Whether no subscriber session of ``plan`` is persistent: a QoS 1/2 message for one
+        is stored before its publisher is acknowledged (``deliver``)."""
+        sessions = self.sessions
+        for key, _, _ in plan.plain:
+            session = sessions.get(key)
+            if session is not None and session.expiry_interval:
+                return False
+        return True
+
+    def publish_run1(
+        self, source: SessionConnection, plan: RoutePlan, topic: str, run: list[list[Any]]
+    ) -> int:
+        """Route a run of plain QoS 1 PUBLISH packets on ``topic`` read from ``source`` (their
+        ``PlainPublish1`` lists) by ``plan``: ``direct``, no other node, no persistent
+        subscriber (``in_memory_only``), so nothing is waited for.  A subscriber of the
+        publisher's protocol level with one QoS 1/2 subscription for it (no subscription
+        identifier) and no topic aliases gets the packets as they came with packet ids of its
+        own (``_send_run1``); the others a message each (``deliver``).  Returns the run's
+        payload bytes."""
+        session = source.session
+        assert session is not None
+        origin = session.client_id
+        level = source.level
+        messages: list[Message] | None = None
+        stamped = False
+        longest = 0
+        sessions = self.sessions
+        for key, subs, single in plan.plain:
+            target = sessions.get(key)
+            if target is None:
+                continue
+            conn = target.connection
+            if conn is None:
+                continue  # not persistent (in_memory_only): nothing is kept for it
+            limit = conn.client_max_packet
+            if limit is not None and not longest:
+                longest = max(len(packet[2]) for packet in run)
+            if (
+                single is not None
+                and single.options.qos
+                and conn.level == level
+                and not conn.client_alias_maximum
+                and (limit is None or longest <= limit)
+            ):
+                if single.options.no_local and target.client_id == origin:
+                    continue
+                if not stamped:  # what a message in flight needs besides the packet
+                    stamp = (origin, now_ms())
+                    for packet in run:
+                        packet.append(stamp)
+                    stamped = True
+                self._send_run1(conn, run, topic, origin, source)
+                continue
+            if messages is None:
+                messages = run_messages(topic, run, origin)
+            for message in messages:
+                self.deliver(target, message, subs, None, source)
+        return sum([len(packet[1]) for packet in run])
+
+    def _send_run1(
+        self,
+        conn: SessionConnection,
+        run: list[list[Any]],
+        topic: str,
+        origin: str,
+        source: Source,
+    ) -> None:
+        """``send`` of a run of QoS 1 messages (``publish_run1``) to ``conn``: as many as its
+        window takes go in flight as they are (``Session.add_run_inflight``) and out in one
+        write, the publisher's packets joined with their packet ids replaced by ours (two
+        bytes right before the payload, or before the empty properties of v5); the rest wait
+        in its session."""
+        session = conn.session
+        assert session is not None
+        ids = session.add_run_inflight(run, conn.client_receive_maximum, self.max_inflight_bytes)
+        sent = len(ids)
+        if sent:
+            data = bytearray(b"".join([packet[2] for packet in run[:sent]]))
+            tail = 2 if conn.level == 4 else 3  # the packet id, v5: and property length 0
+            end = payload = 0
+            for packet, packet_id in zip(run, ids, strict=False):  # ids: the first ones
+                size = len(packet[1])
+                end += len(packet[2])
+                payload += size
+                at = end - size - tail
+                data[at] = packet_id >> 8
+                data[at + 1] = packet_id & 0xFF
+            conn.write(bytes(data))
+            conn.out_count += sent  # added to the metrics once per flush
+            conn.out_payload += payload
+        if sent < len(run):
+            for message in run_messages(topic, run[sent:], origin):
+                session_enqueue(session, message, 1, False, _NO_IDS)
+            self.check_congestion(session, source)
+
     def deliver(
         self,
         session: Session,
@@ -570,7 +670,7 @@ class MqttDelivery:
         received (PUBREC) is its own."""
         orphans = [
             (out.message, out.properties["shared"])
-            for out in session.inflight.values()
+            for _, out in session.outgoings()
             if "shared" in out.properties and not out.released
         ]
         orphans += [(m, extra["shared"]) for m, _, _, extra in session.queue if "shared" in extra]
@@ -716,6 +816,15 @@ def message_from(
     return Message(
         topic, payload, qos, retain, headers, now, None, content_type, expiry_ms, "mqtt", extra
     )
+
+
+def run_messages(topic: str, run: list[list[Any]], origin: str) -> list[Message]:
+    """The routed form of each plain QoS 1 PUBLISH of ``run`` (``PlainPublish1`` lists) on
+    ``topic`` from client ``origin``: ``message_from``'s, made once for the run (one
+    timestamp, one read-only extras dict)."""
+    now = now_ms()
+    extra = {"origin": origin}
+    return [plain_message(topic, packet[1], 1, now, extra) for packet in run]
 
 
 def _plain_publish(topic: str, payload: bytes, level: int) -> bytes:

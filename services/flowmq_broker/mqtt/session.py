@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from flowmq_broker.mqtt.metrics import mqtt_metrics
@@ -51,6 +52,13 @@ class Outgoing:
     retain: bool
     properties: dict[str, Any]
     released: bool = False
+
+
+# A plain QoS 1 message in flight as it came in a run (``MqttDelivery.publish_run1``): the
+# decoder's ``[topic, payload, packet, packet id]`` with ``(origin, timestamp_ms)`` of its run
+# appended.  Most are acknowledged before anything needs more of them than their payload's
+# size: an ``Outgoing`` is made of one only then (``Session.outgoing``: a resend, a takeover).
+RunItem = list
 
 
 class SessionConnection(Protocol):
@@ -101,7 +109,8 @@ class Session:
         self.subscriptions: dict[str, Subscription] = {}
         self.expiry_interval = 0
         self.connection: SessionConnection | None = None
-        self.inflight: dict[int, Outgoing] = {}
+        # QoS 1/2 messages in flight, by packet id: read them with ``outgoing``.
+        self.inflight: dict[int, Outgoing | RunItem] = {}
         self.inflight_bytes = 0  # payload bytes of ``inflight`` (add_inflight, remove_inflight)
         self.queue: collections.deque[tuple[Message, int, bool, dict[str, Any]]] = (
             collections.deque()
@@ -145,12 +154,59 @@ class Session:
         self.inflight[packet_id] = out
         self.inflight_bytes += len(out.message.payload)
 
-    def remove_inflight(self, packet_id: int) -> Outgoing | None:
-        """Forget the message in flight under ``packet_id``; it, or None if there was none."""
-        out = self.inflight.pop(packet_id, None)
-        if out is not None:
-            self.inflight_bytes -= len(out.message.payload)
+    def add_run_inflight(self, items: list[RunItem], window: int, max_bytes: int) -> list[int]:
+        """Put the first ``items`` of a run in flight, as many as fit in ``window`` messages
+        and ``max_bytes`` payload bytes, each under the packet id ``allocate_packet_id``
+        would give it; those packet ids."""
+        inflight = self.inflight
+        used = self.inflight_bytes
+        packet_id = self._next_packet_id
+        ids: list[int] = []
+        for item in items:
+            if len(inflight) >= window or used >= max_bytes:
+                break
+            while packet_id in inflight:  # the window is below 65535: one is free
+                packet_id = packet_id % 65535 + 1
+            inflight[packet_id] = item
+            ids.append(packet_id)
+            used += len(item[1])
+            packet_id = packet_id % 65535 + 1
+        self._next_packet_id = packet_id
+        self.inflight_bytes = used
+        return ids
+
+    def outgoing(self, packet_id: int) -> Outgoing | None:
+        """The message in flight under ``packet_id`` (None: none)."""
+        out = self.inflight.get(packet_id)
+        if isinstance(out, list):
+            out = self.inflight[packet_id] = _run_outgoing(out)
         return out
+
+    def outgoings(self) -> list[tuple[int, Outgoing]]:
+        """Every message in flight with its packet id, in the order they were sent."""
+        outgoing = self.outgoing
+        return [(packet_id, outgoing(packet_id)) for packet_id in list(self.inflight)]  # type: ignore[misc]
+
+    def remove_inflight(self, packet_id: int) -> bool:
+        """Forget the message in flight under ``packet_id``; whether there was one."""
+        out = self.inflight.pop(packet_id, None)
+        if out is None:
+            return False
+        self.inflight_bytes -= len(out[1]) if isinstance(out, list) else len(out.message.payload)
+        return True
+
+    def remove_inflight_run(self, packet_ids: Iterable[int]) -> int:
+        """``remove_inflight`` of each of ``packet_ids`` (a run of PUBACKs) in one pass; how
+        many were in flight."""
+        inflight = self.inflight
+        removed = freed = 0
+        for packet_id in packet_ids:
+            out = inflight.pop(packet_id, None)
+            if out is not None:
+                removed += 1
+                freed += len(out[1]) if isinstance(out, list) else len(out.message.payload)
+        self.inflight_bytes -= freed
+        return removed
 
     def allocate_packet_id(self) -> int:
         """The next packet id not in flight (1..65535, wrapping)."""
@@ -189,7 +245,7 @@ class Session:
             "record": self.to_record(),
             "inflight": [
                 [packet_id, encode_message(o.message), o.qos, o.retain, o.properties, o.released]
-                for packet_id, o in self.inflight.items()
+                for packet_id, o in self.outgoings()
             ],
             "queue": [
                 [encode_message(m), qos, retain, extra] for m, qos, retain, extra in self.queue
@@ -227,6 +283,21 @@ class Session:
 
 
 _PLAIN_EXTRA: dict[str, Any] = {"subscription_identifier": []}
+
+
+def plain_message(
+    topic: str, payload: bytes, qos: int, timestamp_ms: int, extra: dict[str, Any]
+) -> Message:
+    """A plain MQTT message (no retain, no properties) as routed: ``extra`` is its
+    read-only properties (its publisher's client id, ``origin``)."""
+    # Positional: keyword construction of a slotted dataclass is measurably slower here.
+    return Message(topic, payload, qos, False, [], timestamp_ms, None, None, None, "mqtt", extra)
+
+
+def _run_outgoing(item: RunItem) -> Outgoing:
+    topic, payload, _, _, (origin, timestamp_ms) = item
+    message = plain_message(topic, payload, 1, timestamp_ms, {"origin": origin})
+    return Outgoing(message, 1, False, _PLAIN_EXTRA)
 
 
 def delivery_extra(identifiers: list[int], shared: str | None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_mqtt_strategies import client_packets, connects, levels, server_packets
 
-from flowmq_wire.mqtt import MqttCodecError, MqttDecoder, encode
+from flowmq_wire.mqtt import MqttCodecError, MqttDecoder, Puback, Publish, encode
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -18,6 +18,13 @@ def _feed_all(decoder: MqttDecoder, chunks: list[bytes]) -> None:
             decoder.feed(chunk)
     except MqttCodecError:
         pass
+
+
+def _server_decoder(data: st.DataObject) -> MqttDecoder:
+    """A server's decoder, as is or as the broker's MQTT listener sets it up (plain PUBLISH
+    packets and runs of PUBACKs without packet objects)."""
+    as_broker = data.draw(st.booleans())
+    return MqttDecoder(plain_tuples=as_broker, plain_qos1=as_broker)
 
 
 def _mutate(data: st.DataObject, stream: bytes) -> bytes:
@@ -47,7 +54,7 @@ def _split(data: st.DataObject, stream: bytes) -> list[bytes]:
 @SETTINGS
 @given(levels, st.binary(max_size=200), st.data())
 def test_random_bytes_after_connect(level: int, junk: bytes, data: st.DataObject) -> None:
-    decoder = MqttDecoder()
+    decoder = _server_decoder(data)
     decoder.feed(encode(data.draw(connects(level)), level))
     _feed_all(decoder, _split(data, junk))
 
@@ -55,7 +62,7 @@ def test_random_bytes_after_connect(level: int, junk: bytes, data: st.DataObject
 @SETTINGS
 @given(st.binary(max_size=120), st.data())
 def test_random_first_bytes(junk: bytes, data: st.DataObject) -> None:
-    _feed_all(MqttDecoder(), _split(data, b"\x10" + junk))
+    _feed_all(_server_decoder(data), _split(data, b"\x10" + junk))
 
 
 @SETTINGS
@@ -63,7 +70,7 @@ def test_random_first_bytes(junk: bytes, data: st.DataObject) -> None:
 def test_mutated_client_streams(level: int, data: st.DataObject) -> None:
     packets = [data.draw(connects(level)), *data.draw(st.lists(client_packets(level), max_size=4))]
     stream = _mutate(data, b"".join(encode(p, level) for p in packets))
-    _feed_all(MqttDecoder(), _split(data, stream))
+    _feed_all(_server_decoder(data), _split(data, stream))
 
 
 @SETTINGS
@@ -72,3 +79,22 @@ def test_mutated_server_streams(level: int, data: st.DataObject) -> None:
     packets = data.draw(st.lists(server_packets(level), min_size=1, max_size=4))
     stream = _mutate(data, b"".join(encode(p, level) for p in packets))
     _feed_all(MqttDecoder(server=False, protocol_level=level), _split(data, stream))
+
+
+@SETTINGS
+@given(levels, st.data())
+def test_mutated_qos1_runs_as_the_broker_reads_them(level: int, data: st.DataObject) -> None:
+    """Runs of PUBACKs and QoS 1 PUBLISH packets (what the broker's listener decodes a run at
+    a time), mutated: packets or MqttCodecError, nothing else."""
+    ids = st.integers(0, 65535)
+    packets = [
+        data.draw(connects(level)),
+        *(Puback(i) for i in data.draw(st.lists(ids, min_size=1, max_size=40))),
+        *(
+            Publish("t/1", b"p" * i, 1, packet_id=i + 1)
+            for i in range(data.draw(st.integers(0, 5)))
+        ),
+        *(Puback(i) for i in data.draw(st.lists(ids, max_size=40))),
+    ]
+    stream = _mutate(data, b"".join(encode(p, level) for p in packets))  # id 0 refused too
+    _feed_all(MqttDecoder(plain_tuples=True, plain_qos1=True), _split(data, stream))

@@ -3,6 +3,8 @@ and incremental decoding gives the same packets wherever the stream is split."""
 
 from __future__ import annotations
 
+from array import array
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from wire_mqtt_strategies import (
@@ -21,6 +23,7 @@ from flowmq_wire.mqtt import (
     MqttDecoder,
     Packet,
     PreparedPublish,
+    ProtocolViolation,
     Puback,
     Pubcomp,
     Publish,
@@ -33,6 +36,7 @@ from flowmq_wire.mqtt import (
     Unsubscribe,
     Will,
     encode,
+    encode_pubacks,
     encode_publish,
 )
 from flowmq_wire.mqtt import reason_codes as rc
@@ -98,6 +102,91 @@ def test_plain_tuples_carry_plain_qos0_publish_as_received(
         for p, raw in zip(packets, encoded, strict=True)
     ]
     assert _feed_split(MqttDecoder(plain_tuples=True), stream, cuts) == expected
+
+
+def _plain_qos1_form(p: Packet, raw: bytes) -> object:
+    """What ``plain_qos1`` makes of ``p``: a list for a plain QoS 1 PUBLISH, the packet id for a
+    plain PUBACK, ``p`` itself otherwise."""
+    if (
+        isinstance(p, Publish)
+        and p.qos == 1
+        and not (p.retain or p.dup or p.properties)
+        and bool(p.topic)
+    ):
+        return [p.topic, p.payload, raw, p.packet_id]
+    if isinstance(p, Puback) and not (p.reason_code or p.properties):
+        return p.packet_id
+    return p
+
+
+def _ids_spread(decoded: list) -> list:
+    """``decoded`` with each run of plain PUBACKs (an array of packet ids) spread out."""
+    out: list = []
+    for item in decoded:
+        if isinstance(item, array):
+            assert item.typecode == "H" and len(item)
+            out += list(item)
+        else:
+            out.append(item)
+    return out
+
+
+@SETTINGS
+@given(client_sessions(), st.data())
+def test_plain_qos1_carries_plain_qos1_publish_and_puback_as_received(
+    session: tuple[int, list], data: st.DataObject
+) -> None:
+    """``plain_qos1``: a plain QoS 1 PUBLISH is [topic, payload, its bytes, packet id], a run of
+    plain PUBACKs an array of their packet ids; every other packet (QoS 0 too) decodes as before, wherever the
+    stream is split."""
+    level, packets = session
+    packets += [
+        Publish("plain/topic", b"payload", qos=1, packet_id=7),
+        Publish("plain/topic", b"", qos=1, packet_id=65535),
+        Publish("plain/topic", b"x", qos=1, retain=True, packet_id=8),
+        Publish("plain/topic", b"x", qos=1, dup=True, packet_id=9),
+        Puback(7),
+        Puback(8, rc.NO_MATCHING_SUBSCRIBERS) if level == 5 else Puback(8),
+        *(Puback(i) for i in range(1, data.draw(st.integers(1, 300)))),
+        Publish("plain/topic", b"payload", qos=1, packet_id=7),
+        Puback(65535),
+    ]
+    encoded = [encode(p, level) for p in packets]
+    stream = b"".join(encoded)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=10))
+    expected = [_plain_qos1_form(p, raw) for p, raw in zip(packets, encoded, strict=True)]
+    assert _ids_spread(_feed_split(MqttDecoder(plain_qos1=True), stream, cuts)) == expected
+    for got, p in zip(expected, packets, strict=True):
+        if isinstance(got, list) and got[1]:
+            # The packet id sits right before the payload (v5: and the empty properties).
+            at = len(got[2]) - len(got[1]) - (3 if level == 5 else 2)
+            assert (got[2][at] << 8) | got[2][at + 1] == p.packet_id
+
+
+@SETTINGS
+@given(st.lists(st.integers(1, 65535), min_size=1, max_size=600), st.data())
+def test_encode_pubacks_gives_the_pubacks_of_a_run(ids: list[int], data: st.DataObject) -> None:
+    """One write of PUBACKs for a run: what ``encode`` gives for each, joined; a run of plain
+    ones decodes (``plain_qos1``) as their packet ids however the reads cut it."""
+    assert encode_pubacks(ids) == b"".join(encode(Puback(i), 4) for i in ids)
+    assert encode_pubacks(ids, rc.NO_MATCHING_SUBSCRIBERS) == b"".join(
+        encode(Puback(i, rc.NO_MATCHING_SUBSCRIBERS), 5) for i in ids
+    )
+    stream = encode(Connect("c", protocol_level=4), 4) + encode_pubacks(ids)
+    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=6))
+    decoded = _feed_split(MqttDecoder(plain_qos1=True), stream, cuts)
+    assert _ids_spread(decoded[1:]) == ids
+
+
+def test_a_puback_with_packet_id_0_in_a_run_is_refused_after_the_ones_before() -> None:
+    decoder = MqttDecoder(plain_qos1=True)
+    decoder.feed(encode(Connect("c", protocol_level=4), 4))
+    try:
+        decoder.feed(encode_pubacks([1, 2]) + b"\x40\x02\x00\x00" + encode_pubacks([3]))
+    except ProtocolViolation as exc:
+        assert _ids_spread(exc.packets) == [1, 2]
+    else:
+        raise AssertionError("PUBACK 0 accepted")
 
 
 @SETTINGS

@@ -88,6 +88,9 @@ class SessionConnection(Protocol):
     def flush(self) -> None:
         """Write out what was sent since the last flush."""
 
+    def send_queued(self) -> None:
+        """Send what waits in the session's queue, as far as the client's window allows."""
+
     def shutdown(self) -> None:
         """The broker is stopping: disconnect."""
 
@@ -118,6 +121,9 @@ class Session:
         # Messages may be waiting in the session's offline store (flowmq_broker.mqtt.offline):
         # set when storing, and for a session restored from elsewhere (not known).
         self.stored = False
+        # Connected, with its stored backlog still being read (offline.py ``start_drain``):
+        # its new QoS 1/2 messages are stored behind the backlog, not sent from memory.
+        self.draining = False
         self.pending_stores: set[Any] = set()  # stores not yet durable
         # The offline store's queue name, made at the first store (offline.py): one string
         # for all of them, not one per store waiting for its flush.

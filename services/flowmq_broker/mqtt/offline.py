@@ -317,8 +317,8 @@ class OfflineStore:
             retry = True
         finally:
             del self._feeding[session]
-        if not retry:  # the next page, if there is room for it (or a new connection's)
-            self.feed(session)
+            if not retry:  # the next page, if there is room: or a new connection's first
+                self.feed(session)  # (one that came while this read was on its way)
 
     def acked(self, session: Session, seq: int) -> None:
         """The client acknowledged the message read from the store as ``seq``: it may go."""

@@ -9,7 +9,7 @@ import asyncio
 
 from flowmq_broker.mqtt.delivery import message_from
 from flowmq_wire.mqtt.packets import Connect, Pingreq, Puback, Publish, SubscriptionOptions
-from tests.fixtures.counting import hold_puts
+from tests.fixtures.counting import hold_puts, hold_queue_gets
 
 from .conftest import RawClient, wait_until
 
@@ -165,5 +165,35 @@ def test_a_client_closed_before_connack_leaves_its_backlog_in_the_store_only(inp
         back.send(Puback(p.packet_id))
         got.append(p.payload)
     assert got == [b"m%d" % i for i in range(BACKLOG)] + [b"last"]
+    back.expect_nothing()
+    back.close()
+
+
+def test_a_reconnect_while_the_last_connections_page_is_read_gets_the_backlog(inproc_broker, uid):
+    """The client leaves while a page of its backlog is being read for it and comes back
+    before the read ends: that page is dropped (read for a connection gone), and the new
+    connection's drain starts once it is (before, it waited for a wake-up that never came,
+    and the backlog stayed stored: the pause test lost 325 acknowledged messages so)."""
+    tb = inproc_broker
+    port = tb.ports["mqtt"]
+    client_id, topic = f"again-{uid}", f"again/{uid}"
+    _away_with_backlog(tb, client_id, topic).close()
+    engine = tb.broker.queues.engine
+    gated = tb.call(lambda: hold_queue_gets(engine))
+    first = RawClient(port, 5)
+    assert first.connect(client_id, clean_start=False, properties=AWAY).session_present
+    wait_until(lambda: tb.call(gated.get_waiting.is_set))  # its first page is on its way
+    first.kill()
+    session = _session(tb, client_id)
+    wait_until(lambda: not session.online)
+    back = RawClient(port, 5)
+    assert back.connect(client_id, clean_start=False, properties=AWAY).session_present
+    tb.call(gated.get_gate.set)
+    got = []
+    while len(got) < BACKLOG:
+        p = back.expect(Publish)
+        back.send(Puback(p.packet_id))
+        got.append(p.payload)
+    assert got == [b"m%d" % i for i in range(BACKLOG)]
     back.expect_nothing()
     back.close()

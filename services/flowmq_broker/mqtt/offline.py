@@ -96,6 +96,12 @@ class OfflineStore:
         self._acked: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()
         # The draining sessions a page is being read for, and that read.
         self._feeding: dict[Session, asyncio.Task[None]] = {}
+        # What was stored behind a draining session's backlog and is durable: its drain ends
+        # only once it read them.  A page read on the meta store's thread may have begun
+        # before such a store's flush (on the flush thread) committed, and come back after
+        # the store was done, without it: had the drain ended then, the message went out
+        # after newer ones sent from memory.
+        self._behind: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()
         self._read_failing = False  # a page could not be read: logged until one is again
         self._trim_scheduled = False
 
@@ -104,7 +110,16 @@ class OfflineStore:
     ) -> asyncio.Future[Any]:
         """Enqueue ``message`` as it is to be delivered; done once durable."""
         session.stored = True
-        return self._enqueue(session, message, qos, retain, identifiers)
+        future = self._enqueue(session, message, qos, retain, identifiers)
+        if session.draining:  # stored behind its backlog: the drain reads it before it ends
+            future.add_done_callback(
+                functools.partial(self._stored_behind, session), context=_CALLBACK_CONTEXT
+            )
+        return future
+
+    def _stored_behind(self, session: Session, stored: asyncio.Future[Any]) -> None:
+        if not stored.cancelled() and stored.exception() is None:
+            self._behind.setdefault(session, set()).add(stored.result().seq)
 
     def _enqueue(
         self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
@@ -284,6 +299,7 @@ class OfflineStore:
         try:
             await self.purge_acked(session)
             held = self._held.setdefault(session, set())
+            known = frozenset(self._behind.get(session, ()))  # durable before this read
             page = await self._read_page(session, held, PAGE_TIMEOUT_S)
             if self._read_failing:
                 self._read_failing = False
@@ -298,11 +314,19 @@ class OfflineStore:
             # end — unless a store for the session is on its way (stored behind the backlog
             # while it drains): read again once it is durable.
             end = len(page) < PAGE_OBJECTS
-            if end and not session.pending_stores:
+            behind = self._behind.get(session)
+            if behind:
+                # Left: what became durable while this read ran (the next one sees it).  What
+                # was durable before it began is in this page, or in a later one (this one
+                # is not the end), or gone (purged elsewhere): no reason to read again.
+                behind.difference_update(known)
+                behind.difference_update(held)
+            if end and not session.pending_stores and not behind:
                 session.draining = False  # from here on new messages go from memory
                 session.stored = False
+                self._behind.pop(session, None)
             connection.send_queued()
-            if end and session.draining:
+            if end and session.draining and session.pending_stores:
                 await asyncio.wait(list(session.pending_stores), timeout=PAGE_TIMEOUT_S)
         except Exception as exc:  # a store outage: what was read is kept; tried again
             if not self._read_failing:  # once per outage, not once per session and try
@@ -354,6 +378,7 @@ class OfflineStore:
         if session.draining:  # the rest of its backlog is read at its next connect
             session.draining = False
             session.stored = True
+            self._behind.pop(session, None)
         held = self._held.get(session)
         if not held or not session.queue:
             return 0

@@ -113,13 +113,9 @@ class OfflineStore:
         future = self._enqueue(session, message, qos, retain, identifiers)
         if session.draining:  # stored behind its backlog: the drain reads it before it ends
             future.add_done_callback(
-                functools.partial(self._stored_behind, session), context=_CALLBACK_CONTEXT
+                functools.partial(_note_durable, self._behind, session), context=_CALLBACK_CONTEXT
             )
         return future
-
-    def _stored_behind(self, session: Session, stored: asyncio.Future[Any]) -> None:
-        if not stored.cancelled() and stored.exception() is None:
-            self._behind.setdefault(session, set()).add(stored.result().seq)
 
     def _enqueue(
         self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
@@ -164,13 +160,9 @@ class OfflineStore:
     ) -> asyncio.Future[Any]:
         stored = self._enqueue(session, message, qos, retain, identifiers)
         stored.add_done_callback(
-            functools.partial(self._held_stored, session), context=_CALLBACK_CONTEXT
+            functools.partial(_note_durable, self._held, session), context=_CALLBACK_CONTEXT
         )
         return stored
-
-    def _held_stored(self, session: Session, stored: asyncio.Future[Any]) -> None:
-        if not stored.cancelled() and stored.exception() is None:
-            self._held.setdefault(session, set()).add(stored.result().seq)
 
     def _watch(self, session: Session, copies: int) -> None:
         """``session`` has messages in its queue that its client holds: purge when idle."""
@@ -417,6 +409,16 @@ def _queued_item(message: Message, seq: int | None = None) -> QueuedItem:
     if seq is not None:
         extra[STORED_SEQ] = seq
     return message, message.qos, message.retain, extra
+
+
+def _note_durable(
+    seqs: weakref.WeakKeyDictionary[Session, set[int]],
+    session: Session,
+    stored: asyncio.Future[Any],
+) -> None:
+    """A store's done callback: its seq, once durable, into ``seqs`` of ``session``."""
+    if not stored.cancelled() and stored.exception() is None:
+        seqs.setdefault(session, set()).add(stored.result().seq)
 
 
 def _copy_outcome(into: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:

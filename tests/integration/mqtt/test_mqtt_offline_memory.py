@@ -37,6 +37,16 @@ def _away_with_backlog(tb, client_id: str, topic: str) -> RawClient:
     return publisher
 
 
+def _acked_payloads(client: RawClient, count: int) -> list[bytes]:
+    """The payloads of the next ``count`` PUBLISH packets, each acknowledged."""
+    got = []
+    for _ in range(count):
+        p = client.expect(Publish)
+        client.send(Puback(p.packet_id))
+        got.append(p.payload)
+    return got
+
+
 def test_a_session_gone_offline_again_keeps_its_backlog_in_the_store_only(inproc_broker, uid):
     port = inproc_broker.ports["mqtt"]
     client_id, topic = f"away-{uid}", f"away/{uid}"
@@ -159,11 +169,7 @@ def test_a_client_closed_before_connack_leaves_its_backlog_in_the_store_only(inp
 
     back = RawClient(port, 5)
     assert back.connect(client_id, clean_start=False, properties=AWAY).session_present
-    got = []
-    while len(got) < BACKLOG + 1:
-        p = back.expect(Publish)
-        back.send(Puback(p.packet_id))
-        got.append(p.payload)
+    got = _acked_payloads(back, BACKLOG + 1)
     assert got == [b"m%d" % i for i in range(BACKLOG)] + [b"last"]
     back.expect_nothing()
     back.close()
@@ -189,11 +195,7 @@ def test_a_reconnect_while_the_last_connections_page_is_read_gets_the_backlog(in
     back = RawClient(port, 5)
     assert back.connect(client_id, clean_start=False, properties=AWAY).session_present
     tb.call(gated.get_gate.set)
-    got = []
-    while len(got) < BACKLOG:
-        p = back.expect(Publish)
-        back.send(Puback(p.packet_id))
-        got.append(p.payload)
+    got = _acked_payloads(back, BACKLOG)
     assert got == [b"m%d" % i for i in range(BACKLOG)]
     back.expect_nothing()
     back.close()

@@ -264,13 +264,13 @@ class QueueEngine:
         """Drop the ready messages whose seq is in ``seqs`` (and no other: what was enqueued
         meanwhile stays); returns how many."""
         total = 0
-        after: bytes | None = None
+        begin: bytes | None = None
         while True:
-            dropped, after = await self.parts.meta.transact(
-                functools.partial(_purge_seqs_txn, ns, queue, seqs, after, self.parts.clock())
+            dropped, begin = await self.parts.meta.transact(
+                functools.partial(_purge_seqs_txn, ns, queue, seqs, begin, self.parts.clock())
             )
             total += dropped
-            if after is None:
+            if begin is None:
                 return total
 
     async def delete(self, ns: str, queue: str) -> None:
@@ -382,10 +382,10 @@ def _purge_txn(ns: str, queue: str, now: int, tr: Transaction) -> tuple[int, boo
 
 
 def _purge_seqs_txn(
-    ns: str, queue: str, seqs: set[int], after: bytes | None, now: int, tr: Transaction
+    ns: str, queue: str, seqs: set[int], begin: bytes | None, now: int, tr: Transaction
 ) -> tuple[int, bytes | None]:
     delta = index.Delta()
-    out = index.purge_seqs_page(tr, ns, queue, seqs, delta, after)
+    out = index.purge_seqs_page(tr, ns, queue, seqs, delta, begin)
     delta.apply(tr, now)
     return out
 

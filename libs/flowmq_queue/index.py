@@ -561,33 +561,47 @@ def purge_seqs_page(
     tr: Transaction,
     ns: str,
     queue: str,
-    seqs: set[int],
+    seqs: Collection[int],
     delta: Delta,
-    after: bytes | None,
+    begin: bytes | None,
     limit: int = 500,
 ) -> tuple[int, bytes | None]:
-    """Drop the ready messages whose seq is in ``seqs`` from up to ``limit`` entries after
-    key ``after``; the others stay (an entry holding both is cut down to the others).
-    Returns (messages dropped, the last key read, or None once the queue was read through)."""
-    begin, end = QUEUE_READY.range(ns, queue)
-    rows = tr.get_range(after + b"\x00" if after is not None else begin, end, limit=limit)
-    dropped = 0
-    for key, value in rows:
-        run = decode_run(value)
-        gone = [i for i, seq in enumerate(run.seqs) if seq in seqs]
-        if not gone:
-            continue
-        tr.clear(key)
-        if len(gone) == len(run):
-            delta.ref(run.object_key, -1)
-            delta.removed(ns, queue, run, inflight=False)
-        else:
-            kept = run.pick([i for i, seq in enumerate(run.seqs) if seq not in seqs])
-            shard = QUEUE_READY.unpack(key)[2]
-            tr.set(ready_key(ns, queue, shard, kept.first), kept.encode())
-            delta.removed(ns, queue, run.pick(gone), inflight=False)
-        dropped += len(gone)
-    return dropped, rows[-1][0] if len(rows) == limit else None
+    """Drop the ready messages whose seq is in ``seqs`` from up to ``limit`` entries from key
+    ``begin`` on; the others stay (an entry holding both is cut down to the others).  Each
+    shard is read only up to the highest seq named (an entry is keyed by its first seq, so
+    later ones hold none): a session dropping what its client acknowledged of a long
+    backlog, a page at a time from its head, reads the head, not the whole queue each time.
+    Returns (messages dropped, the key to go on from, or None once the queue was read)."""
+    top = max(seqs, default=-1)
+    start, end = QUEUE_READY.range(ns, queue)
+    begin = start if begin is None else begin
+    dropped = read = 0
+    while read < limit:
+        head = tr.get_range(begin, end, limit=1)
+        if not head:
+            return dropped, None
+        shard = QUEUE_READY.unpack(head[0][0])[2]
+        want = limit - read
+        rows = tr.get_range(head[0][0], ready_key(ns, queue, shard, top + 1), limit=want)
+        read += len(rows)
+        for key, value in rows:
+            run = decode_run(value)
+            gone = [i for i, seq in enumerate(run.seqs) if seq in seqs]
+            if not gone:
+                continue
+            tr.clear(key)
+            if len(gone) == len(run):
+                delta.ref(run.object_key, -1)
+                delta.removed(ns, queue, run, inflight=False)
+            else:
+                kept = run.pick([i for i, seq in enumerate(run.seqs) if seq not in seqs])
+                tr.set(ready_key(ns, queue, shard, kept.first), kept.encode())
+                delta.removed(ns, queue, run.pick(gone), inflight=False)
+            dropped += len(gone)
+        if len(rows) == want:  # more of this shard, maybe: the next page goes on from here
+            return dropped, rows[-1][0] + b"\x00"
+        begin = QUEUE_READY.range(ns, queue, shard + 1)[0]  # the next shard
+    return dropped, begin
 
 
 def delete_page(tr: Transaction, ns: str, queue: str, delta: Delta, limit: int = 500) -> bool:

@@ -37,7 +37,7 @@ from flowmq_broker.streams import StreamDestinationType
 from flowmq_broker.tls import ServerTls, TlsError, server_tls
 from flowmq_cluster import ClusterSecret, Gossip, GossipConfig, Member, Status
 from flowmq_cluster.auth import check_bind
-from flowmq_commit.batcher import GroupCommitBatcher
+from flowmq_commit.batcher import STORE_FAILURES, GroupCommitBatcher
 from flowmq_core.acl import Authorizer
 from flowmq_core.config import BrokerConfig, ConfigError, is_loopback
 from flowmq_core.errors import Overloaded, QuotaExceeded
@@ -351,6 +351,7 @@ class Broker(OperationsBackend):
             StreamMaintenance(
                 self.meta, self.objects, self.router.destinations, object_owner
             ).run_once,
+            faults=STORE_FAILURES,  # an object store outage: one line, not a trace a run
         )
         self.users = UserDirectory(self.meta)
         self.tokens = TokenDirectory(self.meta)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import threading
 import time
@@ -91,8 +92,28 @@ def _missing_after_faults(
         stop_publishing.set()
         stop_receiving.set()
         cluster.stop()
-        (tmp_path / "brokers.log").write_text(cluster.output())
+        output = cluster.output()
+        (tmp_path / "brokers.log").write_text(output)
+        # Shown with a failure (tmp_path is gone by the time a flaky one is looked at).
+        print(_timeline(output, flow))
     return sorted(flow.acked - set(flow.received)), len(flow.acked)
+
+
+# What the nodes said about each other and about sessions, and everything they warned of.
+_TIMELINE = re.compile(
+    r"WARNING|ERROR|Traceback|ready:|dead|alive|adopt|restarted|gone|taken over|moved"
+)
+
+
+def _timeline(output: str, flow: chaos.Flow) -> str:
+    """What a failure of these tests needs to be understood: the publisher's refusals and
+    acknowledgements, and the brokers' lines on membership, adoption and warnings (each
+    process's lines in order, one process after another)."""
+    lines = [line for line in output.splitlines() if _TIMELINE.search(line)]
+    return (
+        f"acknowledged {len(flow.acked)}, received {len(flow.received)}, resent "
+        f"{len(flow.resent)}, refusals {dict(flow.errors)}\n" + "\n".join(lines[-200:])
+    )
 
 
 @pytest.mark.parametrize("level", [4, 5], ids=["3.1.1", "5"])

@@ -25,7 +25,7 @@ from flowmq_broker import lingering
 from flowmq_broker.mqtt.delivery import WRITE_HIGH_WATER, RoutePlan, message_from
 from flowmq_broker.mqtt.host import ConnectionHost
 from flowmq_broker.mqtt.metrics import mqtt_metrics
-from flowmq_broker.mqtt.offline import TAKE_BUDGET_S
+from flowmq_broker.mqtt.offline import STORED_SEQ
 from flowmq_broker.mqtt.session import NEVER_EXPIRES, Outgoing, Session, Subscription
 from flowmq_broker.routing import DestinationUnavailable
 from flowmq_core.acl import Access
@@ -323,8 +323,13 @@ class MqttConnection(asyncio.Protocol):
         """A run of plain PUBACKs: their messages leave the window in one pass, then what
         waited for room goes out."""
         session = self.session
-        if session is not None and session.remove_inflight_run(packet_ids):
-            self._send_queued()
+        if session is None:
+            return
+        removed, records = session.remove_inflight_run(packet_ids)
+        for out in records:
+            self._settled(session, out.properties)
+        if removed:
+            self.send_queued()
 
     def _checked_topics(self) -> dict[str, RoutePlan] | None:
         """The topics this client published plain QoS 0 or 1 messages on that passed every check
@@ -385,6 +390,9 @@ class MqttConnection(asyncio.Protocol):
         self.writing_paused = False
         if self.delivery.holding:
             self.delivery.release_links(self)
+        session = self.session
+        if session is not None and session.draining and self.server.offline is not None:
+            self.server.offline.feed(session)  # its backlog waited for the socket to drain
 
     def backlog(self) -> int:
         """Bytes written but not yet taken by the client."""
@@ -849,11 +857,9 @@ class MqttConnection(asyncio.Protocol):
             session = server.sessions.get(key)
             offline = server.offline
             if not p.clean_start and session is not None and session.stored and offline is not None:
-                # Read for a bounded time, well within the client's keep alive (it gives up
-                # on a CONNACK that takes longer): the rest, and what is stored meanwhile, is
-                # sent once the session is idle (offline.py).
-                budget = min(TAKE_BUDGET_S, p.keep_alive / 2) if p.keep_alive else TAKE_BUDGET_S
-                session.queue.extend(await offline.take(session, budget))
+                # Its stored messages go out after CONNACK, a page at a time, before newer
+                # ones (offline.py): CONNACK waits for none of them.
+                offline.start_drain(session)
             return session
         except Exception:
             log.exception("mqtt %s: could not take the session over", self.client_id)
@@ -967,7 +973,7 @@ class MqttConnection(asyncio.Protocol):
         # order first sent, as far as the client's (possibly new, smaller) receive maximum
         # allows; the rest goes out as acknowledgements free the window.
         session.unsent = deque(session.inflight)
-        self._send_queued()
+        self.send_queued()
 
     # --- inbound PUBLISH ----------------------------------------------------------------
     def _on_publish(self, p: Publish, raw: bytes | None = None, plain1: bool = False) -> None:
@@ -1178,7 +1184,7 @@ class MqttConnection(asyncio.Protocol):
             self.send(Pubcomp(p.packet_id, rc.PACKET_ID_NOT_FOUND if self.level == 5 else 0))
 
     # --- outbound PUBLISH -----------------------------------------------------------------
-    def _send_queued(self) -> None:
+    def send_queued(self) -> None:
         session = self.session
         assert session is not None
         delivery = self.delivery
@@ -1206,15 +1212,30 @@ class MqttConnection(asyncio.Protocol):
             message, qos, retain, extra = session.queue.popleft()
             if message.expiry_ms is not None and message.expiry_ms <= now_ms():
                 self.m.dropped.inc()
+                self._settled(session, extra)
                 continue
             packet_id = session.allocate_packet_id()
             session.add_inflight(packet_id, Outgoing(message, qos, retain, extra))
             delivery.write_publish(self, message, qos, retain, extra, packet_id)
+        if session.draining and self.server.offline is not None:
+            self.server.offline.feed(session)  # the next page of its backlog, if room
+
+    def _settled(self, session: Session, extra: dict[str, Any]) -> None:
+        """A message read from the session's stored backlog is done with (acknowledged,
+        refused by the client, expired): it may go from the store."""
+        seq = extra.get(STORED_SEQ)
+        if seq is not None and self.server.offline is not None:
+            self.server.offline.acked(session, seq)
 
     def _on_puback(self, p: Puback) -> None:
         session = self.session
-        if session is not None and session.remove_inflight(p.packet_id):
-            self._send_queued()
+        if session is None:
+            return
+        out = session.remove_inflight(p.packet_id)
+        if out is not None:
+            if out.__class__ is not list:  # (a run's item as it came is never a stored one)
+                self._settled(session, out.properties)
+            self.send_queued()
 
     def _on_pubrec(self, p: Pubrec) -> None:
         session = self.session
@@ -1224,7 +1245,8 @@ class MqttConnection(asyncio.Protocol):
             return
         if p.reason_code >= 0x80:  # the receiver refused it: the flow ends here
             session.remove_inflight(p.packet_id)
-            self._send_queued()
+            self._settled(session, out.properties)
+            self.send_queued()
             return
         out.released = True
         self.send(Pubrel(p.packet_id))

@@ -124,8 +124,6 @@ class MqttDelivery:
         self.sessions = sessions
         self.shared_groups = shared_groups
         self.offline = offline
-        if offline is not None:
-            offline.send = self.send
         self.max_inflight_bytes = max_inflight_bytes
         self.dirty: list[SessionConnection] = []
         self._flush_scheduled = False
@@ -505,6 +503,9 @@ class MqttDelivery:
             identifiers = [s.identifier for s in subs if s.identifier]
         connection = session.connection
         if connection is not None:
+            if qos > 0 and session.draining and self.offline is not None:
+                # Its stored backlog is still being read: this one goes behind it (offline.py).
+                return self.offline.store(session, message, qos, retain, identifiers)
             self.send(connection, message, qos, retain, identifiers, shared, source)
             if qos > 0 and self.offline is not None and session.persistent():
                 # Durable before the publisher's acknowledgement, online or not (offline.py).

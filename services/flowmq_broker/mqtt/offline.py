@@ -5,11 +5,23 @@ While a persistent session (clean start 0 / session expiry > 0) has no connectio
 in the object store, index in the meta store, through the same batcher as every Queue.  The
 publisher is acknowledged once the message is durable, so a broker crash does not lose it,
 and any broker the client reconnects to — or the survivor that adopts a dead broker's
-sessions — finds it there.  On reconnect, the stored messages are taken (read; they stay
-stored until the client acknowledged them, see below) into the session's in-memory queue
-before CONNACK, behind what the session already held, so they go out first and in order.
-If the client leaves again before they went out, they are dropped from memory (``release``)
-and taken again at its next connect: an offline session holds no copy of its backlog.
+sessions — finds it there.
+
+A reconnect does not read that backlog before CONNACK: it marks the session *draining*
+(``start_drain``) and CONNACK goes out at once.  Then the backlog is read a page at a time
+(``feed``), oldest first, into the session's in-memory queue behind what the session held
+already, each page once fewer than ``FEED_BELOW`` messages wait there and the client's
+socket is taking what it is sent: the client's window (receive maximum,
+``mqtt_max_inflight_bytes``) and its write buffer pace the reads, and the broker holds about
+two pages of a backlog however long it is.  While draining, the session's new QoS 1/2
+messages are stored behind the backlog instead of going out from memory, so they come after
+it, in order; the drain ends when a read finds nothing more and no store for the session is
+on its way.  Messages read stay stored until the client acknowledged them (PUBACK, PUBCOMP:
+``acked``), and those are dropped from the store in batches, before the next page is read:
+a broker that dies mid-drain takes nothing along, and what it had sent unacknowledged is
+sent again where the session resumes.  If the client leaves again, what was read and not
+sent is dropped from memory (``release``) and read again at its next connect: an offline
+session holds no copy of its backlog.
 
 A connected persistent session's QoS 1/2 messages go out from memory, and a copy goes into
 the same queue (``keep``): the publisher's acknowledgement waits for it, so a message is
@@ -18,7 +30,8 @@ dies with it unacknowledged by the subscriber, the node where the session resume
 restart, or a survivor that adopts it) takes it from the queue and sends it again.  Copies are
 dropped (the queue purged) once the session is online with nothing in flight or queued: the
 client acknowledged everything.  A copy made while a purge runs waits for it, so a purge never
-takes a copy of a message still unacknowledged.
+takes a copy of a message still unacknowledged.  A message another node stored for a
+connected session meanwhile (around a takeover) is found then, and drained as a backlog.
 """
 
 from __future__ import annotations
@@ -29,7 +42,6 @@ import dataclasses
 import functools
 import logging
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from flowmq_broker.mqtt.session import Session, SessionConnection
@@ -44,24 +56,20 @@ SUBSCRIPTION_IDS = "mqtt.subscription_ids"
 # In the delivery extras of a message taken from the store: its seq there (``release``).
 STORED_SEQ = "stored_seq"
 # A page of a session's stored backlog must come back within this (its GETs, a few at once).
-TAKE_TIMEOUT_S = 5.0
-# A reconnect reads the stored backlog before CONNACK for at most this long: a backlog that
-# takes longer to read (a large one, a slow store) is sent after CONNACK, a page at a time
-# (``_purge_if_all_held``).  A client gives up on a CONNACK that takes its keep alive (paho
-# then reconnects): when every read of the whole backlog took longer, the client never got
-# connected again and nothing stored reached it.
-TAKE_BUDGET_S = 2.0
+PAGE_TIMEOUT_S = 5.0
 # One page of the backlog: at most this many messages, from at most this many objects (a
-# ranged GET each, ``PEEK_CONCURRENCY`` at a time).  What a page read is kept even if a later
-# one fails or time runs out: every read makes progress.
+# ranged GET each, ``PEEK_CONCURRENCY`` at a time).
 PAGE_MESSAGES = 1000
 PAGE_OBJECTS = 32
+# A draining session reads its next page once fewer of its messages than this wait in its
+# queue (the rest of the page goes out meanwhile): at most about two pages in memory.
+FEED_BELOW = PAGE_MESSAGES // 2
+# A page that could not be read (a store outage) is tried again this much later.
+FEED_RETRY_S = 1.0
 # How often the copies of connected sessions with nothing in flight are dropped.
 TRIM_INTERVAL_S = 1.0
 # How soon a session that was not idle is looked at again.
 BUSY_RETRY_S = 0.1
-# Messages a reconnect takes from the store at most (the store is bounded in bytes anyway).
-MAX_TAKEN = 1_000_000
 # A session that is never idle keeps at most this many copies between purges; past it, its
 # messages go out from memory only until the next purge (as they did before copies).
 MAX_COPIES = 10_000
@@ -81,19 +89,33 @@ class OfflineStore:
         # Sessions with copies stored since their last purge, and how many.
         self._copies: weakref.WeakKeyDictionary[Session, int] = weakref.WeakKeyDictionary()
         self._purging: dict[Session, asyncio.Future[None]] = {}
-        # The stored messages (seqs) each session holds in memory: copies and those taken.
+        # The stored messages (seqs) each session holds in memory: copies and those read.
         self._held: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()
+        # Of those read from the backlog, the ones the client acknowledged: dropped from the
+        # store before the next page is read (or by the purge once the session is idle).
+        self._acked: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()
+        # The draining sessions a page is being read for, and that read.
+        self._feeding: dict[Session, asyncio.Task[None]] = {}
+        # What was stored behind a draining session's backlog and is durable: its drain ends
+        # only once it read them.  A page read on the meta store's thread may have begun
+        # before such a store's flush (on the flush thread) committed, and come back after
+        # the store was done, without it: had the drain ended then, the message went out
+        # after newer ones sent from memory.
+        self._behind: weakref.WeakKeyDictionary[Session, set[int]] = weakref.WeakKeyDictionary()
+        self._read_failing = False  # a page could not be read: logged until one is again
         self._trim_scheduled = False
-        # How a message another node stored for a connected session goes out to its client
-        # (``MqttDelivery.send``, which sets it: delivery sits above this module).
-        self.send: Callable[[SessionConnection, Message, int, bool, list[int]], None] | None = None
 
     def store(
         self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
     ) -> asyncio.Future[Any]:
         """Enqueue ``message`` as it is to be delivered; done once durable."""
         session.stored = True
-        return self._enqueue(session, message, qos, retain, identifiers)
+        future = self._enqueue(session, message, qos, retain, identifiers)
+        if session.draining:  # stored behind its backlog: the drain reads it before it ends
+            future.add_done_callback(
+                functools.partial(_note_durable, self._behind, session), context=_CALLBACK_CONTEXT
+            )
+        return future
 
     def _enqueue(
         self, session: Session, message: Message, qos: int, retain: bool, identifiers: list[int]
@@ -138,13 +160,9 @@ class OfflineStore:
     ) -> asyncio.Future[Any]:
         stored = self._enqueue(session, message, qos, retain, identifiers)
         stored.add_done_callback(
-            functools.partial(self._held_stored, session), context=_CALLBACK_CONTEXT
+            functools.partial(_note_durable, self._held, session), context=_CALLBACK_CONTEXT
         )
         return stored
-
-    def _held_stored(self, session: Session, stored: asyncio.Future[Any]) -> None:
-        if not stored.cancelled() and stored.exception() is None:
-            self._held.setdefault(session, set()).add(stored.result().seq)
 
     def _watch(self, session: Session, copies: int) -> None:
         """``session`` has messages in its queue that its client holds: purge when idle."""
@@ -163,8 +181,8 @@ class OfflineStore:
         for session in list(self._copies.keys()):
             if not session.online:
                 continue  # its copies wait for its return (or another node's take)
-            # ``stored`` (since its connect's last take) is sent by the purge's look.
-            if session.inflight or session.queue or session.pending_stores:
+            # ``stored`` (since its connect's drain) is sent by the purge's look.
+            if session.inflight or session.queue or session.pending_stores or session.draining:
                 busy = True
                 continue
             if session in self._purging:
@@ -201,28 +219,18 @@ class OfflineStore:
                 # node declared dead while alive) stays, and is sent at the next look.
                 await self.engine.purge_seqs(namespace, name, held)
                 self._held.pop(session, None)
+                self._acked.pop(session, None)
                 return True
         finally:
             del self._purging[session]
             done.set_result(None)
         # Also what was stored while its connect was not attached yet (``session.stored``,
-        # after the connect's last take): nothing else takes it while the client is here.
-        # One page per look: a long backlog goes out over several, each read kept.
+        # after the connect's drain began): nothing else takes it while the client is here.
+        # It is drained as a backlog, each page kept, the new messages stored behind it.
         session.stored = False
-        try:
-            page = await self._read_page(session, held, TAKE_TIMEOUT_S)
-        except BaseException:
-            session.stored = True  # taken at the next connect if not sent before
-            raise
-        connection = session.connection
-        if connection is None or self.send is None:
-            held.difference_update(seq for seq, _ in page)
-            session.stored = True
-        else:
-            for _, message in page:
-                message, qos, retain, extra = _queued_item(message)
-                self.send(connection, message, qos, retain, extra["subscription_identifier"])
-        self._held[session] = held
+        if session.connection is not None:
+            session.draining = True
+            self.feed(session)
         return False
 
     async def _read_page(
@@ -244,58 +252,127 @@ class OfflineStore:
         held.update(seq for seq, _ in fresh)
         return fresh
 
-    async def take(self, session: Session, budget_s: float = TAKE_BUDGET_S) -> list[QueuedItem]:
-        """What is stored for ``session`` and not taken before, oldest first, as far as it
-        can be read in ``budget_s`` (the rest: ``session.stored`` stays set, and it is sent
-        once the session is idle, ``_purge_if_all_held``).  It stays stored until the client
-        acknowledged it (the session is idle: ``_trim``), so a node that dies meanwhile does
-        not take it along."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + budget_s
-        if session.pending_stores:
-            await asyncio.wait(list(session.pending_stores), timeout=budget_s)
-        session.stored = False
+    def start_drain(self, session: Session) -> None:
+        """``session`` is resumed by a connection and may have messages stored: from its
+        CONNACK on they go out, a page at a time (``feed``), before anything newer (stored
+        behind them meanwhile: ``MqttDelivery.deliver``).  Nothing is read here: CONNACK
+        does not wait for a backlog, however long or slow to read."""
         held = self._held.setdefault(session, set())
-        taken: list[tuple[int, Message]] = []
+        # What it holds in memory already (from before it left, or handed over by the
+        # node it came from) is not read again.
+        for out in session.inflight.values():
+            if isinstance(out, list):  # a run's item as it came: never a stored one
+                continue
+            seq = out.properties.get(STORED_SEQ)
+            if seq is not None:
+                held.add(seq)
+        for item in session.queue:
+            seq = item[3].get(STORED_SEQ)
+            if seq is not None:
+                held.add(seq)
+        session.stored = False
+        session.draining = True
+        # Looked at again once idle: a store still on its way from the node the session
+        # came from is found then (``_purge_if_all_held``).
+        self._watch(session, self._copies.get(session, 0))
+
+    def feed(self, session: Session) -> None:
+        """Read the next page of the draining ``session``'s backlog if few of its messages
+        wait to be sent and its client takes what it is sent; called as its window frees
+        (acknowledgements, a socket writable again) and once it is resumed."""
+        if not session.draining or session in self._feeding:
+            return
+        connection = session.connection
+        if connection is None or connection.writing_paused or len(session.queue) >= FEED_BELOW:
+            return
+        task = asyncio.get_running_loop().create_task(self._feed(session, connection))
+        self._feeding[session] = task
+
+    async def _feed(self, session: Session, connection: SessionConnection) -> None:
+        retry = False
         try:
-            while len(taken) < MAX_TAKEN:
-                left = deadline - loop.time()
-                if left <= 0:
-                    session.stored = True
-                    break
-                page = await self._read_page(session, held, left)
-                taken.extend(page)
-                # Fewer messages than a page has objects: neither bound was reached, this
-                # was the end.  What was stored since (under steady traffic there is always
-                # more) is sent once the session is idle, as it is after CONNACK.
-                if len(page) < PAGE_OBJECTS:
-                    break
-            else:
+            await self.purge_acked(session)
+            held = self._held.setdefault(session, set())
+            known = frozenset(self._behind.get(session, ()))  # durable before this read
+            page = await self._read_page(session, held, PAGE_TIMEOUT_S)
+            if self._read_failing:
+                self._read_failing = False
+                log.info("mqtt: stored messages of sessions read again")
+            if session.connection is not connection or not session.draining:
+                # Its client left (or was taken over) meanwhile: the page stays in the
+                # store alone, read again at the next connect (``release``).
+                held.difference_update(seq for seq, _ in page)
+                return
+            session.queue.extend(_queued_item(message, seq) for seq, message in page)
+            # Fewer messages than a page has objects: neither bound was reached, this was the
+            # end — unless a store for the session is on its way (stored behind the backlog
+            # while it drains): read again once it is durable.
+            end = len(page) < PAGE_OBJECTS
+            behind = self._behind.get(session)
+            if behind:
+                # Left: what became durable while this read ran (the next one sees it).  What
+                # was durable before it began is in this page, or in a later one (this one
+                # is not the end), or gone (purged elsewhere): no reason to read again.
+                behind.difference_update(known)
+                behind.difference_update(held)
+            if end and not session.pending_stores and not behind:
+                session.draining = False  # from here on new messages go from memory
+                session.stored = False
+                self._behind.pop(session, None)
+            connection.send_queued()
+            if end and session.draining and session.pending_stores:
+                await asyncio.wait(list(session.pending_stores), timeout=PAGE_TIMEOUT_S)
+        except Exception as exc:  # a store outage: what was read is kept; tried again
+            if not self._read_failing:  # once per outage, not once per session and try
+                self._read_failing = True
                 log.warning(
-                    "mqtt %s: %d stored messages taken, more left", session.client_id, len(taken)
+                    "mqtt %s: could not read stored messages (%s); trying again every %.0f s",
+                    session.client_id,
+                    str(exc) or type(exc).__name__,
+                    FEED_RETRY_S,
                 )
-                session.stored = True
-        except Exception as exc:  # out of time, or an outage: what was read is kept
-            session.stored = True
-            if not taken and not isinstance(exc, TimeoutError):
-                raise
-            log.info(
-                "mqtt %s: %d stored messages taken, the rest after CONNACK (%s)",
-                session.client_id,
-                len(taken),
-                type(exc).__name__,
-            )
+            asyncio.get_running_loop().call_later(FEED_RETRY_S, self.feed, session)
+            retry = True
         finally:
-            # Looked at again once idle, even if nothing was here: a store still on its way
-            # (from the node the session came from) is sent then (``_purge_if_all_held``).
-            self._watch(session, self._copies.get(session, 0))
-        return [_queued_item(message, seq) for seq, message in taken]
+            del self._feeding[session]
+            if not retry:  # the next page, if there is room: or a new connection's first
+                self.feed(session)  # (one that came while this read was on its way)
+
+    def acked(self, session: Session, seq: int) -> None:
+        """The client acknowledged the message read from the store as ``seq``: it may go."""
+        acked = self._acked.get(session)
+        if acked is None:
+            acked = self._acked[session] = set()
+        acked.add(seq)
+
+    def has_acked(self, session: Session) -> bool:
+        """Whether ``session``'s client acknowledged messages still in the store."""
+        return bool(self._acked.get(session))
+
+    async def purge_acked(self, session: Session) -> None:
+        """Drop from the store what the client acknowledged of its backlog (one purge for
+        all of it, reading only the head of the queue: ``index.purge_seqs_page``)."""
+        acked = self._acked.get(session)
+        if not acked:
+            return
+        batch = frozenset(acked)
+        await self.engine.purge_seqs(
+            session.namespace, session_queue_name(session.client_id), batch
+        )
+        acked.difference_update(batch)
+        held = self._held.get(session)
+        if held is not None:
+            held.difference_update(batch)
 
     def release(self, session: Session) -> int:
         """``session`` went offline: the messages it took from the store and has not sent
         yet stay there alone, not in memory too, until a connection takes them again (an
         offline session could otherwise pin its whole stored backlog for its expiry, days).
         Returns how many were let go."""
+        if session.draining:  # the rest of its backlog is read at its next connect
+            session.draining = False
+            session.stored = True
+            self._behind.pop(session, None)
         held = self._held.get(session)
         if not held or not session.queue:
             return 0
@@ -310,7 +387,7 @@ class OfflineStore:
         if released:
             session.queue.clear()
             session.queue.extend(kept)
-            session.stored = True  # the next connect takes them (``take``)
+            session.stored = True  # the next connect drains them (``start_drain``)
         return released
 
     def forget(self, session: Session) -> None:
@@ -328,13 +405,22 @@ def _queued_item(message: Message, seq: int | None = None) -> QueuedItem:
         properties = dict(message.properties)  # the engine's cached copy stays as it is
         del properties[SUBSCRIPTION_IDS]
         message = dataclasses.replace(message, properties=properties)
-    # Without identifiers (most messages) the message read is the one queued: a reconnect
-    # takes its whole stored backlog into memory, and a copy of each (the message and its
-    # properties, ~300 bytes) made the take's peak about twice the backlog's size.
+    # Without identifiers (most messages) the message read is the one queued: a copy of
+    # each (the message and its properties, ~300 bytes) doubled what a page costs.
     extra: dict[str, Any] = {"subscription_identifier": identifiers or []}
     if seq is not None:
         extra[STORED_SEQ] = seq
     return message, message.qos, message.retain, extra
+
+
+def _note_durable(
+    seqs: weakref.WeakKeyDictionary[Session, set[int]],
+    session: Session,
+    stored: asyncio.Future[Any],
+) -> None:
+    """A store's done callback: its seq, once durable, into ``seqs`` of ``session``."""
+    if not stored.cancelled() and stored.exception() is None:
+        seqs.setdefault(session, set()).add(stored.result().seq)
 
 
 def _copy_outcome(into: asyncio.Future[Any], source: asyncio.Future[Any]) -> None:

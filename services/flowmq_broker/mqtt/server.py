@@ -609,12 +609,24 @@ class MqttServer:
             session.connection.take_over()
         state = session.export_state() if want_state and session.persistent() else None
         self.discard_session(session, forget=clean, redistribute=state is None, handed_to=taker)
-        if not session.pending_stores:
+        offline = self.offline
+        acked = state is not None and offline is not None and offline.has_acked(session)
+        if not session.pending_stores and not acked:
             return state
 
         async def when_stored() -> dict[str, Any] | None:
-            # The new node reads the offline store next: let it find everything.
-            await asyncio.wait(list(session.pending_stores), timeout=TAKEOVER_TIMEOUT_S)
+            # The new node reads the offline store next: let it find everything, and
+            # nothing the client acknowledged here (it would get those again).
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + TAKEOVER_TIMEOUT_S  # the taker waits no longer
+            if session.pending_stores:
+                await asyncio.wait(list(session.pending_stores), timeout=TAKEOVER_TIMEOUT_S)
+            if acked and offline is not None:
+                try:
+                    left = max(0.0, deadline - loop.time())
+                    await asyncio.wait_for(offline.purge_acked(session), left)
+                except Exception as exc:  # sent again there: twice, not lost
+                    log.info("mqtt %s: acknowledged stored messages kept: %s", client_id, exc)
             return state
 
         return when_stored()

@@ -96,6 +96,9 @@ class SessionConnection(Protocol):
     def flush(self) -> None:
         """Write out what was sent since the last flush."""
 
+    def send_queued(self) -> None:
+        """Send what waits in the session's queue, as far as the client's window allows."""
+
     def shutdown(self) -> None:
         """The broker is stopping: disconnect."""
 
@@ -127,6 +130,9 @@ class Session:
         # Messages may be waiting in the session's offline store (flowmq_broker.mqtt.offline):
         # set when storing, and for a session restored from elsewhere (not known).
         self.stored = False
+        # Connected, with its stored backlog still being read (offline.py ``start_drain``):
+        # its new QoS 1/2 messages are stored behind the backlog, not sent from memory.
+        self.draining = False
         self.pending_stores: set[Any] = set()  # stores not yet durable
         # The offline store's queue name, made at the first store (offline.py): one string
         # for all of them, not one per store waiting for its flush.
@@ -187,26 +193,32 @@ class Session:
         outgoing = self.outgoing
         return [(packet_id, outgoing(packet_id)) for packet_id in list(self.inflight)]  # type: ignore[misc]
 
-    def remove_inflight(self, packet_id: int) -> bool:
-        """Forget the message in flight under ``packet_id``; whether there was one."""
+    def remove_inflight(self, packet_id: int) -> Outgoing | RunItem | None:
+        """Forget the message in flight under ``packet_id``; what it was (None: none)."""
         out = self.inflight.pop(packet_id, None)
         if out is None:
-            return False
+            return None
         self.inflight_bytes -= len(out[1]) if isinstance(out, list) else len(out.message.payload)
-        return True
+        return out
 
-    def remove_inflight_run(self, packet_ids: Iterable[int]) -> int:
+    def remove_inflight_run(self, packet_ids: Iterable[int]) -> tuple[int, list[Outgoing]]:
         """``remove_inflight`` of each of ``packet_ids`` (a run of PUBACKs) in one pass; how
-        many were in flight."""
+        many were in flight, and those of them that were ``Outgoing`` records (not a run's
+        items as they came), whose properties may ask for more on release."""
         inflight = self.inflight
         removed = freed = 0
+        records: list[Outgoing] = []
         for packet_id in packet_ids:
             out = inflight.pop(packet_id, None)
             if out is not None:
                 removed += 1
-                freed += len(out[1]) if isinstance(out, list) else len(out.message.payload)
+                if isinstance(out, list):
+                    freed += len(out[1])
+                else:
+                    freed += len(out.message.payload)
+                    records.append(out)
         self.inflight_bytes -= freed
-        return removed
+        return removed, records
 
     def allocate_packet_id(self) -> int:
         """The next packet id not in flight (1..65535, wrapping)."""

@@ -9,7 +9,7 @@ import asyncio
 
 from flowmq_broker.mqtt.delivery import message_from
 from flowmq_wire.mqtt.packets import Connect, Pingreq, Puback, Publish, SubscriptionOptions
-from tests.fixtures.counting import hold_puts
+from tests.fixtures.counting import hold_puts, hold_queue_gets
 
 from .conftest import RawClient, wait_until
 
@@ -35,6 +35,16 @@ def _away_with_backlog(tb, client_id: str, topic: str) -> RawClient:
     for i in range(BACKLOG):
         assert publisher.publish(topic, b"m%d" % i, 1).reason_code == 0
     return publisher
+
+
+def _acked_payloads(client: RawClient, count: int) -> list[bytes]:
+    """The payloads of the next ``count`` PUBLISH packets, each acknowledged."""
+    got = []
+    for _ in range(count):
+        p = client.expect(Publish)
+        client.send(Puback(p.packet_id))
+        got.append(p.payload)
+    return got
 
 
 def test_a_session_gone_offline_again_keeps_its_backlog_in_the_store_only(inproc_broker, uid):
@@ -125,10 +135,11 @@ def test_a_stored_message_goes_out_with_its_subscription_identifier(inproc_broke
         back.close()
 
 
-def test_a_client_closed_during_the_take_leaves_its_backlog_in_the_store_only(inproc_broker, uid):
-    """A resumed CONNECT takes the stored messages once the session's stores in flight are
-    durable; a client closed meanwhile (here: more packets than ``mqtt_max_held_packets``
-    behind its CONNECT) leaves nothing it took in the offline session's memory."""
+def test_a_client_closed_before_connack_leaves_its_backlog_in_the_store_only(inproc_broker, uid):
+    """A resumed CONNECT whose client is closed before CONNACK (here: more packets than
+    ``mqtt_max_held_packets`` behind it), while a store for its session is still on its way,
+    leaves nothing of the backlog in the offline session's memory and the session not
+    draining; the next connect gets all of it, the late store too, in order."""
     tb = inproc_broker
     port = tb.ports["mqtt"]
     client_id, topic = f"gone-{uid}", f"gone/{uid}"
@@ -145,21 +156,46 @@ def test_a_client_closed_during_the_take_leaves_its_backlog_in_the_store_only(in
         Connect(client_id, False, 60, properties=AWAY, protocol_level=5),
         *([Pingreq()] * (held + 1)),
     )
-    too_much.wait_closed()  # closed while its take waits for the held store
-    assert tb.call(lambda: tb.broker.mqtt.connecting(key))
+    too_much.wait_closed()
     tb.call(gated.put_gate.set)
     assert publisher.expect(Puback).packet_id == BACKLOG + 1
     wait_until(lambda: tb.call(lambda: not tb.broker.mqtt.connecting(key)))
-    assert tb.call(lambda: (session.online, len(session.queue))) == (False, 0)
+    assert tb.call(lambda: (session.online, session.draining, len(session.queue))) == (
+        False,
+        False,
+        0,
+    )
     publisher.close()
 
     back = RawClient(port, 5)
     assert back.connect(client_id, clean_start=False, properties=AWAY).session_present
-    got = []
-    while len(got) < BACKLOG + 1:
-        p = back.expect(Publish)
-        back.send(Puback(p.packet_id))
-        got.append(p.payload)
+    got = _acked_payloads(back, BACKLOG + 1)
     assert got == [b"m%d" % i for i in range(BACKLOG)] + [b"last"]
+    back.expect_nothing()
+    back.close()
+
+
+def test_a_reconnect_while_the_last_connections_page_is_read_gets_the_backlog(inproc_broker, uid):
+    """The client leaves while a page of its backlog is being read for it and comes back
+    before the read ends: that page is dropped (read for a connection gone), and the new
+    connection's drain starts once it is (before, it waited for a wake-up that never came,
+    and the backlog stayed stored: the pause test lost 325 acknowledged messages so)."""
+    tb = inproc_broker
+    port = tb.ports["mqtt"]
+    client_id, topic = f"again-{uid}", f"again/{uid}"
+    _away_with_backlog(tb, client_id, topic).close()
+    engine = tb.broker.queues.engine
+    gated = tb.call(lambda: hold_queue_gets(engine))
+    first = RawClient(port, 5)
+    assert first.connect(client_id, clean_start=False, properties=AWAY).session_present
+    wait_until(lambda: tb.call(gated.get_waiting.is_set))  # its first page is on its way
+    first.kill()
+    session = _session(tb, client_id)
+    wait_until(lambda: not session.online)
+    back = RawClient(port, 5)
+    assert back.connect(client_id, clean_start=False, properties=AWAY).session_present
+    tb.call(gated.get_gate.set)
+    got = _acked_payloads(back, BACKLOG)
+    assert got == [b"m%d" % i for i in range(BACKLOG)]
     back.expect_nothing()
     back.close()

@@ -8,6 +8,7 @@ the client waits for CONNACK; writes are not held back."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -63,6 +64,35 @@ def test_a_session_with_a_backlog_slow_to_read_gets_connected_and_all_of_it(
         assert session_present
         got = {m.payload.decode() for m in subscriber.expect(STORED, timeout=90)}
         assert got == {str(i) for i in range(STORED)}
+    finally:
+        subscriber.close()
+        publisher.close()
+
+
+def test_connack_does_not_wait_for_the_backlog_to_be_read(s3_broker, slow_store) -> None:
+    """CONNACK goes out before any of the backlog is read: here no GET can come back for
+    seconds, and the client is connected at once (before, the reconnect read for up to 2 s
+    first), then gets the backlog in order once the store answers."""
+    port = s3_broker.ports["mqtt"]
+    subscriber = Paho(port, "prompt-connack", v5=True, clean=False)
+    publisher = Paho(port, "prompt-connack-pub")
+    stored = 40
+    try:
+        subscriber.connect(properties={"SessionExpiryInterval": 300})
+        assert subscriber.subscribe("prompt/#", 1) == [1]
+        subscriber.close()
+        publisher.connect()
+        for i in range(stored):
+            assert publisher.publish(f"prompt/{i % 4}", str(i), 1) == 0
+        slow_store.get_delay = 4.0
+        began = time.monotonic()
+        session_present, _, _ = subscriber.connect(properties={"SessionExpiryInterval": 300})
+        waited = time.monotonic() - began
+        assert session_present
+        assert waited < 1.5, f"CONNACK after {waited:.1f} s"
+        slow_store.get_delay = 0.0
+        got = [m.payload.decode() for m in subscriber.expect(stored, timeout=60)]
+        assert got == [str(i) for i in range(stored)]
     finally:
         subscriber.close()
         publisher.close()

@@ -1,4 +1,5 @@
 import asyncio
+import logging
 
 from flowmq_core.periodic import PeriodicTask
 
@@ -30,3 +31,29 @@ async def test_stop_before_start_and_twice_is_harmless():
     task.start()
     await task.stop()
     await task.stop()
+
+
+async def test_a_store_outage_is_logged_once_and_its_end_once(caplog):
+    """Failures of the kinds named in ``faults`` are an outage: one WARNING line without a
+    traceback however many runs fail, one INFO line at the first run that succeeds; another
+    failure keeps its traceback."""
+    caplog.set_level(logging.INFO, logger="flowmq_core.periodic")
+    outcomes = [OSError("down"), OSError("down"), OSError("down"), None, ValueError("bug"), None]
+    done = asyncio.Event()
+
+    async def action() -> None:
+        if not outcomes:
+            return
+        outcome = outcomes.pop(0)
+        if not outcomes:
+            done.set()
+        if outcome is not None:
+            raise outcome
+
+    task = PeriodicTask("upkeep", 0.001, action, faults=(OSError,))
+    task.start()
+    await asyncio.wait_for(done.wait(), 5)
+    await task.stop()
+    told = [(r.levelname, r.exc_info is not None) for r in caplog.records]
+    assert told == [("WARNING", False), ("INFO", False), ("ERROR", True)]
+    assert "storage unavailable (down)" in caplog.records[0].getMessage()

@@ -267,6 +267,43 @@ async def test_purge_seqs_drops_only_the_messages_named(env) -> None:
     assert (await env.engine.stats("default", "q"))["count"] == 1
 
 
+async def test_purge_seqs_reads_each_shard_only_up_to_the_highest_seq_named(env) -> None:
+    # An MQTT session drops what its client acknowledged of a long backlog a page at a time,
+    # from the head: the purge stops in each shard past the highest seq it names (and goes
+    # on with the next shard), rather than reading the whole queue each time.
+    env.queue("q", shards=3)
+    seqs = [r.seq for batch in range(20) for r in await env.publish("q", b"x%d" % batch, b"y")]
+    head = set(sorted(seqs)[:5])
+    reads: list[int] = []
+    meta = env.engine.parts.meta
+    transact = meta.transact
+
+    async def counting(fn):  # noqa: ANN001, ANN202
+        def wrapped(tr):  # noqa: ANN001, ANN202
+            get_range = tr.get_range
+
+            def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+                rows = get_range(*args, **kwargs)
+                reads.append(len(rows))
+                return rows
+
+            tr.get_range = counted
+            return fn(tr)
+
+        return await transact(wrapped)
+
+    meta.transact = counting
+    try:
+        assert await env.engine.purge_seqs("default", "q", head) == 5
+    finally:
+        meta.transact = transact
+    left = await env.engine.peek("default", "q", 100)
+    assert sorted(seq for seq, _, _ in left) == sorted(set(seqs) - head)
+    # The three entries holding them, and a look at where each shard starts (the old purge
+    # read all twenty).
+    assert sum(reads) <= 3 + 4
+
+
 async def test_peek_skips_what_the_reader_has_and_reads_at_most_max_objects(env) -> None:
     # An MQTT session's stored backlog is read a page at a time (offline.py): a page reads
     # a bounded number of objects, and the next leaves out what the earlier ones read.

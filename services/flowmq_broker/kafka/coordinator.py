@@ -24,10 +24,12 @@ forth, rebalances within one round of rejoins (issue #11):
 
 - a member keeps its id across coordinators: JoinGroup with an id this coordinator does not
   know admits it under that id, and a Heartbeat, SyncGroup or OffsetCommit from such a
-  member, of a generation this coordinator never handed out, gets REBALANCE_IN_PROGRESS (it
-  rejoins under its id) rather than UNKNOWN_MEMBER_ID, which makes clients drop their id and
-  join as new members — leaving their old id behind, at a coordinator the group may return
-  to, as a member whose session timeout that coordinator's next rebalance waits for;
+  member gets REBALANCE_IN_PROGRESS (it rejoins under its id) rather than UNKNOWN_MEMBER_ID,
+  which makes clients drop their id and join as new members — leaving their old id behind,
+  at a coordinator the group may return to, as a member whose session timeout that
+  coordinator's next rebalance waits for.  UNKNOWN_MEMBER_ID stays the answer to a member
+  this coordinator removed (left, timed out), unless it has been in a newer generation since
+  (removed here while the group ran elsewhere);
 - a member of a generation newer than the coordinator's own shows that the group ran on
   another coordinator since: the record here is stale, and the group rebalances (so does a
   commit the meta store refused as of an older generation than the stored one).
@@ -56,6 +58,8 @@ MAX_SESSION_TIMEOUT_MS = 1_800_000
 # The longest member id a JoinGroup may bring from another coordinator (ids are made as
 # ``<client id>-<uuid>``): a bound on what a client can make this coordinator keep.
 MAX_MEMBER_ID_BYTES = 1024
+# Removed members remembered per group (the oldest forgotten first).
+KEEP_REMOVED = 1000
 
 
 class GroupState(enum.Enum):
@@ -99,6 +103,9 @@ class Group:
     leader: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
     pending_members: set[str] = field(default_factory=set)
+    # Members this coordinator removed (left, timed out), with the generation they were
+    # removed in: what tells a removed member from one of another coordinator (``_stranger``).
+    removed: dict[str, int] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
     delay_until: float = 0.0
     # The task storing the group's next generation (a newer one supersedes it and waits
@@ -191,8 +198,10 @@ class GroupCoordinator:
                 return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, member_id=member_id)
         else:
             # An id this coordinator does not know is admitted as it is: the member was given
-            # it by another coordinator of the group (module docstring).
+            # it by another coordinator of the group (module docstring), or was removed here
+            # and rejoins (Kafka would make it take a new id, to the same effect).
             group.pending_members.discard(member_id)
+            group.removed.pop(member_id, None)
         loop = asyncio.get_running_loop()
         member = group.members.get(member_id)
         changed = member is None or member.protocols != protocols
@@ -399,7 +408,9 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         member = group.members.get(member_id) if group is not None else None
         if group is None or member is None:
-            return SyncResult(self._stranger(group, generation, ErrorCode.UNKNOWN_MEMBER_ID))
+            return SyncResult(
+                self._stranger(group, member_id, generation, ErrorCode.UNKNOWN_MEMBER_ID)
+            )
         if group.advancing is not None:
             return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
         if generation != group.generation:
@@ -441,7 +452,7 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         member = group.members.get(member_id) if group is not None else None
         if group is None or member is None:
-            return self._stranger(group, generation, ErrorCode.UNKNOWN_MEMBER_ID)
+            return self._stranger(group, member_id, generation, ErrorCode.UNKNOWN_MEMBER_ID)
         if generation != group.generation:
             return self._other_generation(group, generation)
         self._touch(group, member)
@@ -475,6 +486,9 @@ class GroupCoordinator:
     def _remove(self, group: Group, member: Member, why: str) -> None:
         log.info("group %s: member %s %s", group.group_id, member.member_id, why)
         group.members.pop(member.member_id, None)
+        group.removed[member.member_id] = group.generation
+        if len(group.removed) > KEEP_REMOVED:
+            del group.removed[next(iter(group.removed))]
         if member.expiry is not None:
             member.expiry.cancel()
             member.expiry = None
@@ -537,12 +551,12 @@ class GroupCoordinator:
             if generation < 0:
                 return ErrorCode.NONE
             refusal = ErrorCode.ILLEGAL_GENERATION if group is None else ErrorCode.UNKNOWN_MEMBER_ID
-            return self._stranger(group, generation, refusal)
+            return self._stranger(group, member_id, generation, refusal)
         if group.state is GroupState.COMPLETING_REBALANCE or group.advancing is not None:
             return ErrorCode.REBALANCE_IN_PROGRESS
         member = group.members.get(member_id)
         if member is None:
-            return self._stranger(group, generation, ErrorCode.UNKNOWN_MEMBER_ID)
+            return self._stranger(group, member_id, generation, ErrorCode.UNKNOWN_MEMBER_ID)
         if generation != group.generation:
             return self._other_generation(group, generation)
         self._touch(group, member)
@@ -559,12 +573,17 @@ class GroupCoordinator:
     # -- members of other coordinators ---------------------------------------------------------
 
     @staticmethod
-    def _stranger(group: Group | None, generation: int, refusal: int) -> int:
-        """The answer to a member this coordinator has no record of: one of a generation it
-        never handed out was given its id by another coordinator of the group, and rejoins
-        under it (REBALANCE_IN_PROGRESS); one it removed itself gets ``refusal`` (Kafka's)."""
-        current = group.generation if group is not None else 0
-        return ErrorCode.REBALANCE_IN_PROGRESS if generation > current else refusal
+    def _stranger(group: Group | None, member_id: str, generation: int, refusal: int) -> int:
+        """The answer to a member this coordinator has no record of.  One it removed itself
+        gets ``refusal`` (Kafka's), unless it has been in a newer generation since (it was
+        removed here while the group ran elsewhere); any other was given its id by another
+        coordinator of the group, and rejoins under it (REBALANCE_IN_PROGRESS)."""
+        if not member_id or generation < 0:
+            return refusal  # no member of any generation (a simple consumer's commit)
+        removed_in = group.removed.get(member_id) if group is not None else None
+        if removed_in is not None and generation <= removed_in:
+            return refusal
+        return ErrorCode.REBALANCE_IN_PROGRESS
 
     def _other_generation(self, group: Group, generation: int) -> int:
         """The answer to a member whose generation is not the group's: ILLEGAL_GENERATION

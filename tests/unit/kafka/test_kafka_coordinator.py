@@ -61,7 +61,8 @@ async def test_first_generation_elects_a_leader_and_shares_metadata() -> None:
     assert c.groups["g"].state is GroupState.STABLE
     assert c.heartbeat("g", 1, rb.member_id) == ErrorCode.NONE
     assert c.heartbeat("g", 0, rb.member_id) == ErrorCode.ILLEGAL_GENERATION
-    assert c.heartbeat("g", 1, "nobody") == ErrorCode.UNKNOWN_MEMBER_ID
+    # A member it never knew was given its id by another coordinator: rejoin under it.
+    assert c.heartbeat("g", 1, "nobody") == ErrorCode.REBALANCE_IN_PROGRESS
 
 
 async def test_a_leaving_member_triggers_a_rebalance() -> None:
@@ -232,6 +233,9 @@ async def test_members_keep_their_ids_on_a_coordinator_that_has_no_record_of_the
     # A member this coordinator removed itself is told so, as in Kafka.
     assert new.leave("g", [b]) == [ErrorCode.NONE]
     assert new.heartbeat("g", moved, b) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert new.check_commit("g", moved, b) == ErrorCode.UNKNOWN_MEMBER_ID
+    # ... unless it has been in a newer generation since, on another coordinator.
+    assert new.heartbeat("g", moved + 2, b) == ErrorCode.REBALANCE_IN_PROGRESS
     old.shutdown()
     new.shutdown()
 

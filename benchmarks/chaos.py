@@ -857,8 +857,10 @@ def read_stream(
 
 def _drain(flows: dict[str, tuple[Flow, list[Worker]]], quiet_s: float, limit_s: float) -> None:
     """Let the consumers catch up: until each has everything acknowledged, or none made
-    progress for ``quiet_s``."""
-    deadline = time.monotonic() + limit_s
+    progress for ``quiet_s`` since the drain began (a consumer stalled by the last faults
+    gets ``quiet_s`` too, not nothing because its last progress was already that old)."""
+    began = time.monotonic()
+    deadline = began + limit_s
     while time.monotonic() < deadline:
         behind = [
             w
@@ -868,7 +870,7 @@ def _drain(flows: dict[str, tuple[Flow, list[Worker]]], quiet_s: float, limit_s:
         ]
         if not behind:
             return
-        if all(time.monotonic() - w.last_progress > quiet_s for w in behind):
+        if all(time.monotonic() - max(w.last_progress, began) > quiet_s for w in behind):
             return
         time.sleep(0.5)
 

@@ -81,21 +81,11 @@ class ClusterView:
         self._owners: dict[bytes, KafkaNode] = {}
         self._refresh = PeriodicTask("kafka-cluster-view", refresh_s, self.refresh)
 
-    async def prime(self) -> None:
-        """Read the node table once, before the listener opens: a broker starting (or
-        restarting after a kill) that knew only itself would tell clients it coordinates
-        every group until its first refresh, and take their JoinGroups while the group's
-        coordinator has it (issue #11)."""
-        try:
-            await self.refresh()
-        except Exception as exc:  # the periodic refresh tries again
-            log.warning("kafka: cannot read the node table at start: %s", exc)
-
     def start(self, port: int) -> None:
         self.local = KafkaNode(
             self.node_id, kafka_node_id(self.node_id), self.advertised_host, port
         )
-        self._set([self.local, *(n for n in self.nodes if n.name != self.local.name)])
+        self._set([self.local])
         self._refresh.start()
 
     def set_tls_port(self, port: int) -> None:

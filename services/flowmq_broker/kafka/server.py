@@ -92,7 +92,6 @@ class KafkaServer:
 
     async def start(self, port: int) -> int:
         """Serve on ``port``; returns the port Metadata advertises for this broker."""
-        await self.cluster.prime()
         self._server, self.port = await self._listen(port)
         self.cluster.start(self.port)
         if self.idle_timeout > 0:

@@ -15,6 +15,24 @@ before it took over — and only then answers the JoinGroups, so no member of th
 generation can read the committed offsets before a commit of an older generation (from a
 member that missed the rebalance, or from a deposed coordinator whose write was delayed) is
 refused by the commit's own transaction.
+
+Groups move between coordinators (a broker dies, pauses, or the brokers' views of who is
+alive differ for a moment) and their members and assignments, unlike Kafka's, are not
+stored: a coordinator meets members it has no record of, and may get a group back whose
+record it kept while the group ran elsewhere.  So that a group that moved, even back and
+forth, rebalances within one round of rejoins (issue #11):
+
+- a member keeps its id across coordinators: JoinGroup with an id this coordinator does not
+  know admits it under that id, and a Heartbeat, SyncGroup or OffsetCommit from such a
+  member gets REBALANCE_IN_PROGRESS (it rejoins under its id) rather than UNKNOWN_MEMBER_ID,
+  which makes clients drop their id and join as new members — leaving their old id behind,
+  at a coordinator the group may return to, as a member whose session timeout that
+  coordinator's next rebalance waits for.  UNKNOWN_MEMBER_ID stays the answer to a member
+  this coordinator removed (left, timed out), unless it has been in a newer generation since
+  (removed here while the group ran elsewhere);
+- a member of a generation newer than the coordinator's own shows that the group ran on
+  another coordinator since: the record here is stale, and the group rebalances (so does a
+  commit the meta store refused as of an older generation than the stored one).
 """
 
 from __future__ import annotations
@@ -37,6 +55,11 @@ log = logging.getLogger(__name__)
 INITIAL_REBALANCE_DELAY_S = 0.3
 MIN_SESSION_TIMEOUT_MS = 1_000
 MAX_SESSION_TIMEOUT_MS = 1_800_000
+# The longest member id a JoinGroup may bring from another coordinator (ids are made as
+# ``<client id>-<uuid>``): a bound on what a client can make this coordinator keep.
+MAX_MEMBER_ID_BYTES = 1024
+# Removed members remembered per group (the oldest forgotten first).
+KEEP_REMOVED = 1000
 
 
 class GroupState(enum.Enum):
@@ -80,6 +103,9 @@ class Group:
     leader: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
     pending_members: set[str] = field(default_factory=set)
+    # Members this coordinator removed (left, timed out), with the generation they were
+    # removed in: what tells a removed member from one of another coordinator (``_stranger``).
+    removed: dict[str, int] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
     delay_until: float = 0.0
     # The task storing the group's next generation (a newer one supersedes it and waits
@@ -156,10 +182,10 @@ class GroupCoordinator:
             return JoinResult(ErrorCode.INVALID_SESSION_TIMEOUT)
         if not protocol_type or not protocols:
             return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+        if utf8_size(member_id) > MAX_MEMBER_ID_BYTES:
+            return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID)
         group = self.groups.get(group_id)
         if group is None:
-            if member_id:
-                return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID)
             group = self.groups[group_id] = Group(group_id)
         if not self._protocols_fit(group, member_id, protocol_type, protocols):
             return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
@@ -170,10 +196,12 @@ class GroupCoordinator:
                 # cannot leave a ghost member behind.
                 group.pending_members.add(member_id)
                 return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, member_id=member_id)
-        elif member_id in group.pending_members:
+        else:
+            # An id this coordinator does not know is admitted as it is: the member was given
+            # it by another coordinator of the group (module docstring), or was removed here
+            # and rejoins (Kafka would make it take a new id, to the same effect).
             group.pending_members.discard(member_id)
-        elif member_id not in group.members:
-            return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID)
+            group.removed.pop(member_id, None)
         loop = asyncio.get_running_loop()
         member = group.members.get(member_id)
         changed = member is None or member.protocols != protocols
@@ -380,11 +408,13 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         member = group.members.get(member_id) if group is not None else None
         if group is None or member is None:
-            return SyncResult(ErrorCode.UNKNOWN_MEMBER_ID)
+            return SyncResult(
+                self._stranger(group, member_id, generation, ErrorCode.UNKNOWN_MEMBER_ID)
+            )
         if group.advancing is not None:
             return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
         if generation != group.generation:
-            return SyncResult(ErrorCode.ILLEGAL_GENERATION)
+            return SyncResult(self._other_generation(group, generation))
         if (protocol_type is not None and protocol_type != group.protocol_type) or (
             protocol is not None and protocol != group.protocol
         ):
@@ -422,9 +452,9 @@ class GroupCoordinator:
         group = self.groups.get(group_id)
         member = group.members.get(member_id) if group is not None else None
         if group is None or member is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID
+            return self._stranger(group, member_id, generation, ErrorCode.UNKNOWN_MEMBER_ID)
         if generation != group.generation:
-            return ErrorCode.ILLEGAL_GENERATION
+            return self._other_generation(group, generation)
         self._touch(group, member)
         if group.state is GroupState.PREPARING_REBALANCE or group.advancing is not None:
             return ErrorCode.REBALANCE_IN_PROGRESS
@@ -456,6 +486,9 @@ class GroupCoordinator:
     def _remove(self, group: Group, member: Member, why: str) -> None:
         log.info("group %s: member %s %s", group.group_id, member.member_id, why)
         group.members.pop(member.member_id, None)
+        group.removed[member.member_id] = group.generation
+        if len(group.removed) > KEEP_REMOVED:
+            del group.removed[next(iter(group.removed))]
         if member.expiry is not None:
             member.expiry.cancel()
             member.expiry = None
@@ -511,21 +544,62 @@ class GroupCoordinator:
     # -- offsets and views -------------------------------------------------------------------
 
     def check_commit(self, group_id: str, generation: int, member_id: str) -> int:
-        """May this member commit offsets for the group now (Kafka's rules)?"""
+        """May this member commit offsets for the group now (Kafka's rules, and members of
+        other coordinators' generations told to rejoin: module docstring)?"""
         group = self.groups.get(group_id)
         if group is None or (group.state is GroupState.EMPTY and not group.members):
             if generation < 0:
                 return ErrorCode.NONE
-            return ErrorCode.ILLEGAL_GENERATION if group is None else ErrorCode.UNKNOWN_MEMBER_ID
+            refusal = ErrorCode.ILLEGAL_GENERATION if group is None else ErrorCode.UNKNOWN_MEMBER_ID
+            return self._stranger(group, member_id, generation, refusal)
         if group.state is GroupState.COMPLETING_REBALANCE or group.advancing is not None:
             return ErrorCode.REBALANCE_IN_PROGRESS
         member = group.members.get(member_id)
         if member is None:
-            return ErrorCode.UNKNOWN_MEMBER_ID
+            return self._stranger(group, member_id, generation, ErrorCode.UNKNOWN_MEMBER_ID)
         if generation != group.generation:
-            return ErrorCode.ILLEGAL_GENERATION
+            return self._other_generation(group, generation)
         self._touch(group, member)
         return ErrorCode.NONE
+
+    def generation_superseded(self, group_id: str, generation: int) -> None:
+        """The meta store refused a commit of ``generation``, which this coordinator holds
+        for the group's current one: another coordinator handed out a newer one since, so
+        the members and assignments here are stale.  Rebalance (the members rejoin)."""
+        group = self.groups.get(group_id)
+        if group is not None and group.generation == generation:
+            self._superseded(group)
+
+    # -- members of other coordinators ---------------------------------------------------------
+
+    @staticmethod
+    def _stranger(group: Group | None, member_id: str, generation: int, refusal: int) -> int:
+        """The answer to a member this coordinator has no record of.  One it removed itself
+        gets ``refusal`` (Kafka's), unless it has been in a newer generation since (it was
+        removed here while the group ran elsewhere); any other was given its id by another
+        coordinator of the group, and rejoins under it (REBALANCE_IN_PROGRESS)."""
+        if not member_id or generation < 0:
+            return refusal  # no member of any generation (a simple consumer's commit)
+        removed_in = group.removed.get(member_id) if group is not None else None
+        if removed_in is not None and generation <= removed_in:
+            return refusal
+        return ErrorCode.REBALANCE_IN_PROGRESS
+
+    def _other_generation(self, group: Group, generation: int) -> int:
+        """The answer to a member whose generation is not the group's: ILLEGAL_GENERATION
+        for an old one; a newer one means the group ran on another coordinator since this
+        one last rebalanced it, and it rebalances."""
+        if generation < group.generation:
+            return ErrorCode.ILLEGAL_GENERATION
+        self._superseded(group)
+        return ErrorCode.REBALANCE_IN_PROGRESS
+
+    def _superseded(self, group: Group) -> None:
+        if group.advancing is None and group.state in (
+            GroupState.STABLE,
+            GroupState.COMPLETING_REBALANCE,
+        ):
+            self._prepare_rebalance(group, "another coordinator handed out a newer generation")
 
     def forget(self, group_id: str) -> None:
         """Drop a group without members (DeleteGroups)."""

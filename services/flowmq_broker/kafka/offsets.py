@@ -86,9 +86,8 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
 
     if not entries:
         return build(ErrorCode.NONE)
-    written = server.offsets.commit(
-        ctx.tenant.namespace, req.group_id, entries, req.generation_id_or_member_epoch
-    )
+    generation = req.generation_id_or_member_epoch
+    written = server.offsets.commit(ctx.tenant.namespace, req.group_id, entries, generation)
     answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
     def done(fut: asyncio.Future[None]) -> None:
@@ -97,6 +96,8 @@ def handle_offset_commit(ctx: RequestContext, req: Any) -> Any:
             error = ErrorCode.COORDINATOR_NOT_AVAILABLE
         elif isinstance(fut.exception(), StaleGeneration):
             error = ErrorCode.ILLEGAL_GENERATION
+            # Passed the coordinator's check: its own generation is the stale one.
+            ctx.tenant.coordinator.generation_superseded(req.group_id, generation)
         elif fut.exception() is not None:
             error = ErrorCode.COORDINATOR_NOT_AVAILABLE
         answer.set_result(build(error))

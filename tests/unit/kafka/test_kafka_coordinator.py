@@ -4,6 +4,7 @@ rebalances on join / leave / session timeout, and who may commit."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from flowmq_broker.kafka.coordinator import GroupCoordinator, GroupState, JoinResult
 from flowmq_wire.kafka import ErrorCode
@@ -60,7 +61,8 @@ async def test_first_generation_elects_a_leader_and_shares_metadata() -> None:
     assert c.groups["g"].state is GroupState.STABLE
     assert c.heartbeat("g", 1, rb.member_id) == ErrorCode.NONE
     assert c.heartbeat("g", 0, rb.member_id) == ErrorCode.ILLEGAL_GENERATION
-    assert c.heartbeat("g", 1, "nobody") == ErrorCode.UNKNOWN_MEMBER_ID
+    # A member it never knew was given its id by another coordinator: rejoin under it.
+    assert c.heartbeat("g", 1, "nobody") == ErrorCode.REBALANCE_IN_PROGRESS
 
 
 async def test_a_leaving_member_triggers_a_rebalance() -> None:
@@ -104,7 +106,7 @@ async def test_member_id_required_then_accepted() -> None:
     assert first.error == ErrorCode.MEMBER_ID_REQUIRED and first.member_id
     (result,) = await joined(join(c, first.member_id, require_known=True))
     assert (result.error, result.member_id) == (0, first.member_id)
-    assert join(c, "stranger").error == ErrorCode.UNKNOWN_MEMBER_ID
+    assert join(c, "x" * 2000).error == ErrorCode.UNKNOWN_MEMBER_ID  # past MAX_MEMBER_ID_BYTES
 
 
 async def test_commits_without_a_generation_only_for_empty_groups() -> None:
@@ -192,4 +194,76 @@ async def test_a_member_leaving_while_the_generation_is_stored_rebalances_the_re
     (left, rejoined) = await asyncio.wait_for(asyncio.gather(second, again), 5)
     assert left.error == ErrorCode.UNKNOWN_MEMBER_ID
     assert rejoined.error == ErrorCode.NONE and rejoined.generation == 3  # not after 60 s
+    c.shutdown()
+
+
+def shared_generations() -> Callable[[str, int], Awaitable[int]]:
+    """One stored generation per group, as the meta store keeps it for every coordinator."""
+    stored: dict[str, int] = {}
+
+    async def store_generation(group: str, current: int) -> int:
+        stored[group] = max(current, stored.get(group, 0)) + 1
+        return stored[group]
+
+    return store_generation
+
+
+async def stable_group(c: GroupCoordinator, *member_ids: str) -> tuple[int, list[str]]:
+    """Members ``member_ids`` ("" for new ones) joined and synced: (generation, their ids)."""
+    results = await joined(*(join(c, m, rebalance_ms=60_000) for m in member_ids))
+    generation, leader = results[0].generation, results[0].leader
+    ids = [r.member_id for r in results]
+    await synced(c, generation, *ids, leader=leader)
+    return generation, ids
+
+
+async def test_members_keep_their_ids_on_a_coordinator_that_has_no_record_of_them() -> None:
+    """Issue #11: the group moved to a coordinator without its members (the old one died or
+    paused): they are told to rejoin, and are admitted, under the ids they had."""
+    store = shared_generations()
+    old = GroupCoordinator(initial_delay_s=0.01, store_generation=store)
+    generation, (a, b) = await stable_group(old, "", "")
+    new = GroupCoordinator(initial_delay_s=0.01, store_generation=store)
+    assert new.heartbeat("g", generation, a) == ErrorCode.REBALANCE_IN_PROGRESS
+    result = new.sync("g", generation, b, None, None, [])
+    assert result.error == ErrorCode.REBALANCE_IN_PROGRESS
+    assert new.check_commit("g", generation, a) == ErrorCode.REBALANCE_IN_PROGRESS
+    moved, ids = await stable_group(new, a, b)
+    assert ids == [a, b] and moved == generation + 1
+    # A member this coordinator removed itself is told so, as in Kafka.
+    assert new.leave("g", [b]) == [ErrorCode.NONE]
+    assert new.heartbeat("g", moved, b) == ErrorCode.UNKNOWN_MEMBER_ID
+    assert new.check_commit("g", moved, b) == ErrorCode.UNKNOWN_MEMBER_ID
+    # ... unless it has been in a newer generation since, on another coordinator.
+    assert new.heartbeat("g", moved + 2, b) == ErrorCode.REBALANCE_IN_PROGRESS
+    old.shutdown()
+    new.shutdown()
+
+
+async def test_a_group_back_from_another_coordinator_rebalances_without_waiting() -> None:
+    """The old coordinator kept its record of the group (it was paused) while the group ran
+    elsewhere: the first member back, of a newer generation, makes it rebalance, and the
+    rebalance ends as soon as both have rejoined, not after a session timeout."""
+    store = shared_generations()
+    paused = GroupCoordinator(initial_delay_s=0.01, store_generation=store)
+    first, (a, b) = await stable_group(paused, "", "")
+    elsewhere = GroupCoordinator(initial_delay_s=0.01, store_generation=store)
+    newer, _ = await stable_group(elsewhere, a, b)
+    assert paused.heartbeat("g", newer, a) == ErrorCode.REBALANCE_IN_PROGRESS
+    assert paused.groups["g"].state is GroupState.PREPARING_REBALANCE
+    back, ids = await stable_group(paused, a, b)  # joined() fails after 5 s; sessions are 10 s
+    assert ids == [a, b] and back == newer + 1
+    assert paused.heartbeat("g", first, a) == ErrorCode.ILLEGAL_GENERATION
+    paused.shutdown()
+    elsewhere.shutdown()
+
+
+async def test_a_commit_refused_as_stale_by_the_store_rebalances_the_group() -> None:
+    c = GroupCoordinator(initial_delay_s=0.01, store_generation=shared_generations())
+    generation, (a,) = await stable_group(c, "")
+    c.generation_superseded("g", generation - 1)  # an older generation's: nothing to learn
+    assert c.groups["g"].state is GroupState.STABLE
+    c.generation_superseded("g", generation)
+    assert c.groups["g"].state is GroupState.PREPARING_REBALANCE
+    assert c.heartbeat("g", generation, a) == ErrorCode.REBALANCE_IN_PROGRESS
     c.shutdown()

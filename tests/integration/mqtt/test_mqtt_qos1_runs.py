@@ -28,14 +28,21 @@ def _pubacks(pub, count: int) -> list[Puback]:
     return [pub.expect(Puback) for _ in range(count)]
 
 
-@pytest.mark.parametrize("level", [4, 5])
-def test_a_run_reaches_the_subscriber_in_order_with_its_own_packet_ids(raw, uid, level):
-    topic = f"run1/{uid}"
+def _pair(raw, uid, topic: str, level: int = 5, **sub_properties):  # noqa: ANN001, ANN202
+    """A subscriber of ``topic`` at QoS 1 (CONNECT properties ``sub_properties``) and a
+    publisher, both connected at protocol ``level``."""
     sub = raw(level)
-    sub.connect(f"sub-{uid}")
+    sub.connect(f"sub-{uid}", **({"properties": sub_properties} if sub_properties else {}))
     sub.subscribe((topic, SubscriptionOptions(1)))
     pub = raw(level)
     pub.connect(f"pub-{uid}")
+    return sub, pub
+
+
+@pytest.mark.parametrize("level", [4, 5])
+def test_a_run_reaches_the_subscriber_in_order_with_its_own_packet_ids(raw, uid, level):
+    topic = f"run1/{uid}"
+    sub, pub = _pair(raw, uid, topic, level)
     pub.publish(topic, b"first", 1)  # the topic is checked: what follows goes as runs
     assert sub.expect(Publish).payload == b"first"
     # Publisher ids near the top of the range: the subscriber's come from its own session.
@@ -56,11 +63,7 @@ def test_a_run_reaches_the_subscriber_in_order_with_its_own_packet_ids(raw, uid,
 
 def test_a_run_past_the_receive_maximum_waits_and_goes_on_as_pubacks_come(raw, uid):
     topic = f"run1win/{uid}"
-    sub = raw(5)
-    sub.connect(f"sub-{uid}", properties={"receive_maximum": 3})
-    sub.subscribe((topic, SubscriptionOptions(1)))
-    pub = raw(5)
-    pub.connect(f"pub-{uid}")
+    sub, pub = _pair(raw, uid, topic, receive_maximum=3)
     pub.publish(topic, b"m0", 1)
     first = sub.expect(Publish)
     _burst(pub, topic, [f"m{i}".encode() for i in range(1, 10)], first_id=100)
@@ -120,11 +123,7 @@ def test_subscribers_of_other_shapes_get_what_they_asked_for(raw, uid):
 
 def test_a_run_to_a_subscriber_with_a_maximum_packet_size_drops_only_the_larger(raw, uid):
     topic = f"run1max/{uid}"
-    sub = raw(5)
-    sub.connect(f"sub-{uid}", properties={"maximum_packet_size": 100})
-    sub.subscribe((topic, SubscriptionOptions(1)))
-    pub = raw(5)
-    pub.connect(f"pub-{uid}")
+    sub, pub = _pair(raw, uid, topic, maximum_packet_size=100)
     pub.publish(topic, b"x", 1)
     sub.send(Puback(sub.expect(Publish).packet_id))
     payloads = [(b"big" * 40 if i % 3 == 0 else f"s{i}".encode()) for i in range(N)]
@@ -152,11 +151,7 @@ def test_a_v5_run_without_subscribers_is_told_so(raw, uid):
 
 def test_qos0_and_qos1_mixed_in_one_read_keep_their_order(raw, uid):
     topic = f"run1mix/{uid}"
-    sub = raw(4)
-    sub.connect(f"sub-{uid}")
-    sub.subscribe((topic, SubscriptionOptions(1)))
-    pub = raw(4)
-    pub.connect(f"pub-{uid}")
+    sub, pub = _pair(raw, uid, topic, 4)
     pub.publish(topic, b"q1", 1)
     pub.publish(topic, b"q0", 0)
     assert [sub.expect(Publish).payload for _ in range(2)] == [b"q1", b"q0"]
@@ -179,11 +174,7 @@ def test_pubacks_keep_the_publish_order_behind_a_stored_message(raw, uid):
     keeper = raw(5)
     keeper.connect(f"keeper-{uid}", clean_start=False, properties={"session_expiry_interval": 60})
     keeper.subscribe((stored_topic, SubscriptionOptions(1)))
-    sub = raw(5)
-    sub.connect(f"sub-{uid}")
-    sub.subscribe((run_topic, SubscriptionOptions(1)))
-    pub = raw(5)
-    pub.connect(f"pub-{uid}")
+    sub, pub = _pair(raw, uid, run_topic)
     pub.publish(run_topic, b"x", 1)
     sub.expect(Publish)
     packets = [Publish(stored_topic, b"s", 1, packet_id=1)] + [

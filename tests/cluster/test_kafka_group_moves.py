@@ -38,7 +38,7 @@ from tests.fixtures.waiting import wait_until
 ck = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)
 
 TOKEN = "groupmoves"
 PARTITIONS = 4
@@ -131,9 +131,11 @@ def test_a_group_back_at_its_paused_coordinator_rebalances_without_waiting_out_s
         os.kill(c.proc.pid, signal.SIGSTOP)
         # Both members synced at a survivor: the group runs there (consuming alone says
         # nothing: a member fetches from the partitions' leaders without its coordinator).
+        # Not what is tested, and slow on a busy machine (the failure detector, then each
+        # member's next coordinator lookup): a generous bound (40 s was passed once in CI).
         wait_until(
             lambda: survivor_syncs() >= syncs_before + 2,
-            40,
+            75,
             POLL_S,
             "the group rebalanced at a survivor",
         )

@@ -305,8 +305,7 @@ class MqttDelivery:
             if plan is None or any(not t.durable and not t.one_member for t, _ in plan.others):
                 # other memory destinations than MQTT subscribers: a message each, as the
                 # router delivers a forwarded one
-                for _, payload, _ in unpack_run(data, level):
-                    message = message_from(topic, payload, 0, False, None, origin)
+                for message in run_messages(topic, unpack_run(data, level), origin, 0):
                     router.deliver_forwarded(namespace, message, True, [], source=link)
                 continue
             if plan.plain:
@@ -344,7 +343,7 @@ class MqttDelivery:
             if single is None or conn.client_alias_maximum:  # PUBLISH packets of its own
                 if messages is None:
                     packets = packets or unpack_run(data, level)
-                    messages = [message_from(topic, p[1], 0, False, None, origin) for p in packets]
+                    messages = run_messages(topic, packets, origin, 0)
                 for message in messages:
                     self.deliver(session, message, subs, None, source)
                 continue
@@ -819,13 +818,13 @@ def message_from(
     )
 
 
-def run_messages(topic: str, run: list[list[Any]], origin: str) -> list[Message]:
-    """The routed form of each plain QoS 1 PUBLISH of ``run`` (``PlainPublish1`` lists) on
-    ``topic`` from client ``origin``: ``message_from``'s, made once for the run (one
-    timestamp, one read-only extras dict)."""
+def run_messages(topic: str, run: list[Any], origin: str, qos: int = 1) -> list[Message]:
+    """The routed form of each plain QoS ``qos`` PUBLISH of ``run`` (``PlainPublish1`` lists,
+    or ``PlainPublish`` tuples: the payload second) on ``topic`` from client ``origin``:
+    ``message_from``'s, made once for the run (one timestamp, one read-only extras dict)."""
     now = now_ms()
     extra = {"origin": origin}
-    return [plain_message(topic, packet[1], 1, now, extra) for packet in run]
+    return [plain_message(topic, packet[1], qos, now, extra) for packet in run]
 
 
 def _plain_publish(topic: str, payload: bytes, level: int) -> bytes:

@@ -340,10 +340,7 @@ class OfflineStore:
 
     def acked(self, session: Session, seq: int) -> None:
         """The client acknowledged the message read from the store as ``seq``: it may go."""
-        acked = self._acked.get(session)
-        if acked is None:
-            acked = self._acked[session] = set()
-        acked.add(seq)
+        self._acked.setdefault(session, set()).add(seq)
 
     def has_acked(self, session: Session) -> bool:
         """Whether ``session``'s client acknowledged messages still in the store."""

@@ -74,6 +74,13 @@ MAX_CHECKED_TOPICS = 1000
 # Default bound on packets read while CONNECT waits (config ``mqtt_max_held_packets``): reading
 # stops during the wait, so this bounds what the reads already made can hold.
 DEFAULT_MAX_HELD_PACKETS = 1000
+# A read this large says the client has more waiting (the loops read at most 250 or 256 KiB at
+# a time): reading it stops until the event loop's next turn, so that the other sockets get
+# theirs first.  uvloop otherwise reads a socket up to 32 times per wake-up, 8 MB from a
+# flooding publisher, while a peer's link with that publisher's forwards for this process
+# waits: in host mode each process then sat idle, its own publishers paused for the blocked
+# link, while the other worked through such a turn (benchmarks/README.md "Host mode").
+YIELD_AFTER_READ_BYTES = 128 * 1024
 
 
 def _over_limit(topic: str) -> bool:
@@ -104,6 +111,7 @@ class MqttConnection(asyncio.Protocol):
         self.session: Session | None = None
         self.client_id = ""
         self._held: list[Any] | None = None  # packets read while CONNECT awaits the cluster
+        self._changes_waiting = 0  # SUBSCRIBE/UNSUBSCRIBE waiting to be kept (reading stops)
         # Packets read and not yet handled while durable writes lag (``_pause_for_pressure``):
         # the rest of the read that passed the mark, handled once they caught up.
         self._unread: list[Any] | None = None
@@ -163,6 +171,27 @@ class MqttConnection(asyncio.Protocol):
             self._process(data)
         finally:
             self._after_read()
+        if len(data) >= YIELD_AFTER_READ_BYTES and self._may_read():
+            self.transport.pause_reading()  # type: ignore[union-attr]
+            self._loop.call_soon(self._next_turn)
+
+    def _may_read(self) -> bool:
+        """Whether nothing holds reading from this client: no CONNECT, SUBSCRIBE or durable
+        write waited for, no flow control (``MqttDelivery.is_paused``)."""
+        return (
+            self.transport is not None
+            and not self.closing
+            and self._held is None
+            and self._unread is None
+            and not self._changes_waiting
+            and not self.delivery.is_paused(self)
+        )
+
+    def _next_turn(self) -> None:
+        """Read again after a large read (``YIELD_AFTER_READ_BYTES``) unless another reason
+        to stop came meanwhile (its own resume reads again)."""
+        if self._may_read():
+            self.transport.resume_reading()  # type: ignore[union-attr]
 
     def _after_read(self) -> None:
         """Count the PUBLISH packets handled, and send what handling them produced."""
@@ -1331,8 +1360,10 @@ class MqttConnection(asyncio.Protocol):
             return
         if self.transport is not None:
             self.transport.pause_reading()
+        self._changes_waiting += 1
 
         def kept(_: Any) -> None:
+            self._changes_waiting -= 1
             if self.transport is None or self.closing:
                 return  # the record could not be stored: disconnected, nothing to answer
             answer()

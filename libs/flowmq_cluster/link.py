@@ -64,6 +64,9 @@ RECONNECT_DELAY_S = 0.2
 MAX_BUFFER_BYTES = 64 * 1024 * 1024
 # Past this much unsent data the link says it is blocked (senders should slow down).
 WRITE_HIGH_WATER = 1024 * 1024
+# Byte strings at least this long in a frame sent ``by_reference`` go to the socket as they
+# are, beside the frame's other bytes, not copied into it (``encode_parts``).
+BY_REFERENCE_BYTES = 4096
 _HELLO = "hello"
 _INCARNATION = "incarnation"
 _FEATURES = "features"
@@ -257,8 +260,13 @@ class Link(asyncio.Protocol):
     def connected(self) -> bool:
         return self._may_send and self.transport is not None and not self.transport.is_closing()
 
-    def send(self, frame: Any) -> None:
-        self._out.append(self._packer.pack(frame))
+    def send(self, frame: Any, by_reference: bool = False) -> None:
+        """Queue ``frame`` for the next flush.  ``by_reference``: its long byte strings are
+        written as they are (``encode_parts``): they must not change until then."""
+        if by_reference:
+            self._out += encode_parts(self._packer, frame)
+        else:
+            self._out.append(self._packer.pack(frame))
         if not self._flush_scheduled and self._may_send:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -394,16 +402,16 @@ class Links:
         peer = self._peers.get(node_id)
         return peer is not None and peer.link is not None and peer.link.blocked
 
-    def send(self, node_id: str, frame: Any, weight: int = 1) -> bool:
+    def send(self, node_id: str, frame: Any, weight: int = 1, by_reference: bool = False) -> bool:
         """Queue ``frame`` for ``node_id``; False if the node is unknown or its backlog full.
         ``weight``: how many messages the frame carries, what it counts for in the backlog
-        of a peer not connected yet."""
+        of a peer not connected yet; ``by_reference``: as ``Link.send``."""
         peer = self._peers.get(node_id)
         if peer is None:
             return False
         link = peer.link
         if link is not None and link.connected:
-            link.send(frame)
+            link.send(frame, by_reference)
             return True
         if peer.backlog_weight + weight > MAX_PENDING_FRAMES:
             return False
@@ -472,4 +480,42 @@ class Links:
         return any(p.link is not None and p.link.blocked for p in self._peers.values())
 
 
-__all__ = ["Link", "Links"]
+def encode_parts(packer: msgpack.Packer, frame: Any) -> list[bytes]:
+    """``frame`` msgpack-encoded as ``packer.pack`` does (``use_bin_type``), in parts: each
+    ``bytes`` value of at least ``BY_REFERENCE_BYTES`` is a part of its own, the value itself,
+    after a part ending with its bin header.  Joined, the parts are ``packer.pack(frame)``;
+    written with ``writelines`` (writev), a forwarded run of messages is not copied twice on
+    its way to the socket (into the packer's buffer, then out of it)."""
+    parts: list[bytes] = []
+    head: list[bytes] = []
+
+    def add(value: Any) -> None:
+        cls = value.__class__
+        if cls is list:
+            head.append(packer.pack_array_header(len(value)))
+            for item in value:
+                add(item)
+        elif cls is bytes and len(value) >= BY_REFERENCE_BYTES:
+            head.append(_bin_header(len(value)))
+            parts.append(b"".join(head))
+            head.clear()
+            parts.append(value)
+        else:
+            head.append(packer.pack(value))
+
+    add(frame)
+    if head:
+        parts.append(b"".join(head))
+    return parts
+
+
+def _bin_header(size: int) -> bytes:
+    """The msgpack bin header of ``size`` bytes (bin 8, 16 or 32, the smallest that fits)."""
+    if size < 0x100:
+        return b"\xc4" + size.to_bytes(1, "big")
+    if size < 0x10000:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")
+
+
+__all__ = ["Link", "Links", "encode_parts"]

@@ -915,7 +915,9 @@ class ClusterRouting:
         links = self.links
         count = sum(runs[1::4])
         frame = [RUNS, namespace, origin, level, runs]
-        if node in self._dead or not links.send(node, frame, count):
+        # by reference: the runs' packets are not copied into the frame (``encode_parts``);
+        # nothing changes them (bytes)
+        if node in self._dead or not links.send(node, frame, count, by_reference=True):
             return False
         _forwarded(namespace).inc(count)
         if links.blocked(node) and self.on_links_blocked is not None:

@@ -81,6 +81,8 @@ DEFAULT_MAX_HELD_PACKETS = 1000
 # waits: in host mode each process then sat idle, its own publishers paused for the blocked
 # link, while the other worked through such a turn (benchmarks/README.md "Host mode").
 YIELD_AFTER_READ_BYTES = 128 * 1024
+# What a flush's writes must average for them to go out as they are (writev, ``flush``).
+WRITELINES_AVERAGE_BYTES = 4096
 
 
 def _over_limit(topic: str) -> bool:
@@ -404,9 +406,17 @@ class MqttConnection(asyncio.Protocol):
             self.m.messages_out.inc(self.out_count)
             self.m.bytes_out.inc(self.out_payload)
             self.out_count = self.out_payload = 0
-        if self._out and self.transport is not None and not self.transport.is_closing():
-            self.transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
-        self._out.clear()
+        out = self._out
+        if out and self.transport is not None and not self.transport.is_closing():
+            if len(out) == 1:
+                self.transport.write(out[0])
+            elif self.out_bytes >= WRITELINES_AVERAGE_BYTES * len(out):
+                # Runs of messages (hundreds of KiB each): one writev of them as they are,
+                # not joined into a buffer that size first, fresh memory each time.
+                self.transport.writelines(out)
+            else:  # small packets: one copy is cheaper than a vector entry each
+                self.transport.write(b"".join(out))
+        out.clear()
         self.out_bytes = 0
         delivery = self.delivery
         if delivery.holding and not self.writing_paused:  # drained as it was written

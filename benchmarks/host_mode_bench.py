@@ -17,8 +17,10 @@ Reported per round: deliveries/s of each, the ratio N/1, the brokers' CPU (cores
 processes summed; CPU-seconds per process with the kernel's share), the load generator's CPU
 (cores: what each publisher and subscriber process measured from the start signal to its end,
 summed, and each process's; they share the machine's cores with the brokers), CPU-seconds per
-million deliveries of the brokers and of the generator, and how the connections and the
-publishers fell on the processes; per round and at the end, the ratio those CPU costs allow
+million deliveries of the brokers and of the generator, each broker process's share of the
+load's time (from just before the start signal to the last result) on a CPU, waiting for one
+and asleep (``/proc/<pid>/schedstat``), and how the connections and the publishers fell on
+the processes; per round and at the end, the ratio those CPU costs allow
 on idle cores, the load spread evenly or as it fell (``ceiling``): on a machine shared with
 other work the measured ratio says how the scheduler shared the cores. The target of issue 12 is a ratio ≥ 1.5 with
 2 processes on 2 cores.
@@ -142,10 +144,31 @@ class HostModeFlowMQ(mb.FlowMQ):
 
     def cpu_seconds(self) -> float:
         """All the brokers' CPU seconds; each call's per-process figures (user, system) are
-        kept, so the split of a load's CPU over the processes can be shown (``cpu_split``)."""
-        snapshot = {pid: mb._cpu_times(pid) for pid in self.broker_pids()}
+        kept, so the split of a load's CPU over the processes can be shown (``cpu_split``),
+        and their scheduler times with the call's time (``sched_split``)."""
+        pids = self.broker_pids()
+        snapshot = {pid: mb._cpu_times(pid) for pid in pids}
         self.snapshots = [*getattr(self, "snapshots", [])[-1:], snapshot]
+        sched = (time.monotonic(), {pid: _sched_times(pid) for pid in pids})
+        self.sched_snapshots = [*getattr(self, "sched_snapshots", [])[-1:], sched]
         return sum(user + system for user, system in snapshot.values())
+
+    def sched_split(self) -> list[tuple[float, float, float]]:
+        """Each broker process's share of the time between the last two ``cpu_seconds``
+        calls spent on a CPU, waiting for one (runnable) and asleep (/proc/<pid>/schedstat):
+        asleep while cores are free is the flow control between the processes holding it
+        back, waiting is the machine (DESIGN.md §14); the supervisor left out."""
+        (t0, before), (t1, after) = self.sched_snapshots[-2:]
+        wall = max(t1 - t0, 1e-9)
+        split = []
+        for pid in after:
+            if pid == self.procs[0].pid and self.processes > 1:
+                continue
+            run0, wait0 = before.get(pid, (0.0, 0.0))
+            run1, wait1 = after[pid]
+            running, waiting = (run1 - run0) / wall, (wait1 - wait0) / wall
+            split.append((running, waiting, max(0.0, 1 - running - waiting)))
+        return split
 
     def cpu_split(self) -> list[tuple[float, float]]:
         """CPU seconds (all, of them in the kernel) of each broker process between the last
@@ -164,11 +187,28 @@ class HostModeFlowMQ(mb.FlowMQ):
         return sum(mb._rss_mib(pid) or 0.0 for pid in self.broker_pids())
 
 
+def _sched_times(pid: int) -> tuple[float, float]:
+    """Seconds process ``pid``'s main thread spent on a CPU and waiting for one (0 once it is
+    gone, or without schedstat)."""
+    try:
+        running, waiting, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(running) / 1e9, int(waiting) / 1e9
+
+
 def _workers(result: dict) -> str:
     """Each load-generator process's CPU (cores, the kernel's share in parentheses)."""
     return ", ".join(
         f"{name.split('-', 1)[1]} {w['cpu']:.2f} ({w['sys']:.2f})"
         for name, w in sorted(result["workers"].items())
+    )
+
+
+def _sched(result: dict) -> str:
+    """Each broker process's ``sched_split``, as running / waiting / asleep."""
+    return " + ".join(
+        f"{run:.2f}/{wait:.2f}/{sleep:.2f}" for run, wait, sleep in result["sched_split"]
     )
 
 
@@ -190,6 +230,7 @@ def run_once(broker: HostModeFlowMQ, args: argparse.Namespace, tag: str) -> dict
     generator_s = sum(w["cpu_s"] for w in result["workers"].values())
     result["generator_cpu"] = generator_s / result["wall"]
     result["cpu_split"] = broker.cpu_split()
+    result["sched_split"] = broker.sched_split()
     result["written"] = broker.written()
     result["spread"] = broker.spread()
     # Deliveries per second of broker CPU: what a delivery costs, whatever share of the
@@ -268,6 +309,12 @@ def main() -> int:
                     f"load average {os.getloadavg()[0]:.2f}"
                 )
                 print(f"      {n} CPU-seconds per process {split}; {many['spread']}")
+                print(
+                    "      share of the load's time on a CPU / waiting for one / asleep: x1 "
+                    + _sched(one)
+                    + f"; {n} "
+                    + _sched(many)
+                )
                 if one["received"] and many["received"]:
                     print(
                         "      ratio these CPU costs allow on idle cores: load spread evenly "

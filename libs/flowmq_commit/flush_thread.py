@@ -3,10 +3,12 @@ event loop, with one hand-off back to it (DESIGN.md §5).
 
 On a store pair that allows it (an object store with blocking writes, ``thread_writer()``, and
 a meta store that takes transactions from threads, ``transacts_from_threads``: the file
-store and SQLite), a flush is one job of this thread: write the object, queue the
-transaction on the meta store's thread, and take the next job, so the next flush's write
-overlaps this flush's transaction (the two-deep pipeline of the batcher) while the loop
-waits for one result instead of relaying the transaction.  Jobs run one at a time in
+store and SQLite), a flush is one job of this thread: queue the transaction on the meta
+store's thread, write the object, and take the next job.  The transaction's statements run
+while the object is written and its COMMIT waits for the write's fdatasync (the write gate),
+so one flush's write overlaps its own statements and the commit of the flush before (the
+two-deep pipeline of the batcher), while the loop waits for one result instead of relaying
+the transaction.  Jobs run one at a time in
 submission order and each hands its transaction over before the next job starts, so flushes
 commit in the order they started without the loop ordering them.  Measured as four thread
 hand-offs per flush before (loop → object-store thread → loop → meta-store thread → loop),

@@ -6,9 +6,10 @@ Threading.  sqlite3 calls block, so each store owns ONE worker thread with its o
 awaits the result, and the event loop never blocks.  Transactions of one store are therefore
 serialized in that thread and never conflict with each other; conflicts only come from other
 connections (other processes, or other stores on the same file).  ``transact_from_thread``
-queues a transaction from another thread (the batcher's flush thread, right after its object
-write) without a hop through the event loop; it reruns conflicts in the worker thread itself,
-so transactions queued after it never commit before it.
+queues a transaction from another thread (the batcher's flush thread, before its object
+write, with a ``before_commit`` that waits for the write) without a hop through the event
+loop; it reruns conflicts in the worker thread itself, so transactions queued after it never
+commit before it.
 
 Isolation.  SQLite serializes writers on the WAL write lock, and a transaction that read a
 snapshot older than the latest commit cannot upgrade to a writer (SQLITE_BUSY_SNAPSHOT) —

@@ -130,7 +130,11 @@ class FlushThread:
         write is durable, so its statements (and the meta thread's wake-up) overlap the
         write and its fdatasync instead of following them."""
         gate = _WriteGate()
-        self._meta.transact_from_thread(txn, loop, future, gate.wait)
+        try:
+            self._meta.transact_from_thread(txn, loop, future, gate.wait)
+        except BaseException as exc:  # never leave the flush's waiters hanging
+            loop.call_soon_threadsafe(_fail, future, exc)
+            return
         try:
             started = time.perf_counter()
             self._writer.write_blocking(key, body)

@@ -20,9 +20,9 @@ def count_transactions(meta: Any) -> list[int]:
     if getattr(meta, "transacts_from_threads", False):
         from_thread = meta.transact_from_thread
 
-        def counting_from_thread(fn: Any, loop: Any, future: Any) -> None:
+        def counting_from_thread(fn: Any, loop: Any, future: Any, *rest: Any) -> None:
             count[0] += 1
-            from_thread(fn, loop, future)
+            from_thread(fn, loop, future, *rest)
 
         meta.transact_from_thread = counting_from_thread
     return count

@@ -122,8 +122,8 @@ def patch() -> dict[str, Any]:
 
     orig_here = S.SqliteMetaStore._transact_here
 
-    def here(self: Any, fn: Any) -> Any:
-        out = orig_here(self, fn)
+    def here(self: Any, fn: Any, *rest: Any) -> Any:
+        out = orig_here(self, fn, *rest)
         f = CURRENT_THREAD.pop(id(fn), None)
         if f is not None:
             f["txn_end"] = ns()
@@ -219,8 +219,10 @@ def analyse(trace: dict[str, Any], latencies: list[float], stream: str) -> dict[
             add("flush start -> write start (thread)", f["write_start"] - f["start"])
             add("write + fdatasync", f["write_end"] - f["write_start"])
             if "txn_start" in f:
+                # Negative where the statements start beside the write (the write gate).
                 add("write end -> txn start (meta thread)", f["txn_start"] - f["write_end"])
                 add("txn + COMMIT", f["txn_end"] - f["txn_start"])
+                add("write end -> committed", f["txn_end"] - f["write_end"])
                 add("txn end -> loop", f["txn_loop"] - f["txn_end"])
             add("txn on loop -> resolved", resolved - f["txn_loop"])
         add("accept -> resolved (PUBACK)", resolved - acc)

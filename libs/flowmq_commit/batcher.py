@@ -585,8 +585,11 @@ class GroupCommitBatcher:
             if self.min_flush_gap is not None:
                 # One loop iteration: the rest of this read, and a claim round it woke, join.
                 await asyncio.sleep(0)
-            self._last_flush_start = asyncio.get_running_loop().time()
-            self._start_flush(self._take())
+            self._begin_flush()
+
+    def _begin_flush(self) -> None:
+        self._last_flush_start = asyncio.get_running_loop().time()
+        self._start_flush(self._take())
 
     def _start_flush(self, items: list[_Item]) -> None:
         """Run the flush of ``items`` as a task of its own, committing after the previous."""
@@ -617,10 +620,21 @@ class GroupCommitBatcher:
             self._wake()
 
     def _put_done(self) -> None:
-        """The flush's object is written (or will not be): the next flush may start."""
+        """The flush's object is written (or will not be): the next flush may start.  If
+        chunks are waiting for it and due, it starts here: they waited for this write, and
+        starting them from the flush loop would cost two more loop iterations (its wake-up
+        and the one it leaves for a read to join), a millisecond or more on a busy loop."""
         if self._putting:
             self._putting = False
-            self._wake()
+            if (
+                self._pending
+                and not self._closing
+                and len(self._flights) < PIPELINE_DEPTH
+                and self._due_in() <= 0
+            ):
+                self._begin_flush()
+            else:
+                self._wake()
 
     def _idle_timeout(self) -> float | None:
         if not self._keys:

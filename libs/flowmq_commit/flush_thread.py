@@ -3,10 +3,12 @@ event loop, with one hand-off back to it (DESIGN.md §5).
 
 On a store pair that allows it (an object store with blocking writes, ``thread_writer()``, and
 a meta store that takes transactions from threads, ``transacts_from_threads``: the file
-store and SQLite), a flush is one job of this thread: write the object, queue the
-transaction on the meta store's thread, and take the next job, so the next flush's write
-overlaps this flush's transaction (the two-deep pipeline of the batcher) while the loop
-waits for one result instead of relaying the transaction.  Jobs run one at a time in
+store and SQLite), a flush is one job of this thread: queue the transaction on the meta
+store's thread, write the object, and take the next job.  The transaction's statements run
+while the object is written and its COMMIT waits for the write's fdatasync (the write gate),
+so one flush's write overlaps its own statements and the commit of the flush before (the
+two-deep pipeline of the batcher), while the loop waits for one result instead of relaying
+the transaction.  Jobs run one at a time in
 submission order and each hands its transaction over before the next job starts, so flushes
 commit in the order they started without the loop ordering them.  Measured as four thread
 hand-offs per flush before (loop → object-store thread → loop → meta-store thread → loop),
@@ -19,18 +21,22 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from flowmq_commit.tasks import FaultHook, fault
 from flowmq_meta import MetaStore, Transaction
-from flowmq_objstore import ObjectStore
+from flowmq_objstore import ObjectStore, ObjectStoreError
 from flowmq_objstore.api import ThreadWriter
 
 log = logging.getLogger(__name__)
 
 Txn = Callable[[Transaction], Any]
+# How long a flush's transaction, its statements run, waits for the object write before it
+# rolls back (holding SQLite's write lock meanwhile): the meta store's own retry bound.
+WRITE_GATE_TIMEOUT_S = 5.0
 
 
 class FlushThread:
@@ -120,16 +126,49 @@ class FlushThread:
         txn: Txn,
         on_written: Callable[[float], None],
     ) -> None:
-        """In the flush thread."""
+        """In the flush thread: the transaction is queued first and commits only once the
+        write is durable, so its statements (and the meta thread's wake-up) overlap the
+        write and its fdatasync instead of following them."""
+        gate = _WriteGate()
+        try:
+            self._meta.transact_from_thread(txn, loop, future, gate.wait)
+        except BaseException as exc:  # never leave the flush's waiters hanging
+            loop.call_soon_threadsafe(_fail, future, exc)
+            return
         try:
             started = time.perf_counter()
             self._writer.write_blocking(key, body)
             fault(self._faults, "flush.after_put")
         except BaseException as exc:
+            gate.open(exc)
             loop.call_soon_threadsafe(_fail, future, exc)
             return
+        gate.open(None)
         loop.call_soon_threadsafe(on_written, time.perf_counter() - started)
-        self._meta.transact_from_thread(txn, loop, future)
+
+
+class _WriteGate:
+    """A flush's object write as its transaction waits for it before COMMIT (in the meta
+    thread): done, or failed with the write's error, which rolls the transaction back."""
+
+    __slots__ = ("_done", "_error")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def open(self, error: BaseException | None) -> None:
+        self._error = error
+        self._done.set()
+
+    def wait(self) -> None:
+        if not self._done.wait(WRITE_GATE_TIMEOUT_S):
+            raise ObjectStoreError(
+                f"a flush's object write took over {WRITE_GATE_TIMEOUT_S:g} s; its "
+                "transaction is rolled back"
+            )
+        if self._error is not None:
+            raise self._error
 
 
 def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:

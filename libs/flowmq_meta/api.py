@@ -100,13 +100,21 @@ class MetaStore(abc.ABC):
         """Run ``fn`` in a transaction, retrying on conflict; return its result."""
 
     def transact_from_thread(
-        self, fn: Callable[[Transaction], Any], loop: asyncio.AbstractEventLoop, future: Any
+        self,
+        fn: Callable[[Transaction], Any],
+        loop: asyncio.AbstractEventLoop,
+        future: Any,
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
         """Like ``transact``, callable from any thread: queue ``fn`` now, to run after every
         transaction queued before it (reruns on conflict included) and before every one
         queued after it; ``future`` (an ``asyncio.Future`` of ``loop``) is settled on the
         loop.  A worker thread hands its transaction straight to the store's thread this way,
-        without a hop through the event loop (the group-commit batcher's flush)."""
+        without a hop through the event loop (the group-commit batcher's flush).
+        ``before_commit``, if given, is called in the store's thread after ``fn`` and before
+        the commit, in every attempt; it may block, and what it raises rolls the transaction
+        back and fails ``future`` with it (the batcher waits there for the flush's object
+        write, so the transaction's statements overlap the write's fdatasync)."""
         raise NotImplementedError(f"{type(self).__name__} cannot transact from threads")
 
     @abc.abstractmethod

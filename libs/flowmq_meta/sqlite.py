@@ -6,9 +6,10 @@ Threading.  sqlite3 calls block, so each store owns ONE worker thread with its o
 awaits the result, and the event loop never blocks.  Transactions of one store are therefore
 serialized in that thread and never conflict with each other; conflicts only come from other
 connections (other processes, or other stores on the same file).  ``transact_from_thread``
-queues a transaction from another thread (the batcher's flush thread, right after its object
-write) without a hop through the event loop; it reruns conflicts in the worker thread itself,
-so transactions queued after it never commit before it.
+queues a transaction from another thread (the batcher's flush thread, before its object
+write, with a ``before_commit`` that waits for the write) without a hop through the event
+loop; it reruns conflicts in the worker thread itself, so transactions queued after it never
+commit before it.
 
 Isolation.  SQLite serializes writers on the WAL write lock, and a transaction that read a
 snapshot older than the latest commit cannot upgrade to a writer (SQLITE_BUSY_SNAPSHOT) —
@@ -295,7 +296,11 @@ class SqliteMetaStore(MetaStore):
         return conn
 
     def _attempt(
-        self, fn: Callable[[Transaction], T], immediate: bool, busy_s: float
+        self,
+        fn: Callable[[Transaction], T],
+        immediate: bool,
+        busy_s: float,
+        before_commit: Callable[[], None] | None = None,
     ) -> tuple[T, Any]:
         """One run of ``fn``; ``busy_s``: how long SQLite may wait for the lock in it."""
         conn = self._conn
@@ -304,13 +309,17 @@ class SqliteMetaStore(MetaStore):
         if shortened:  # the last attempt before the deadline: wait only for what is left
             conn.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
         try:
-            return self._run(conn, fn, immediate)
+            return self._run(conn, fn, immediate, before_commit)
         finally:
             if shortened:
                 conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
 
     def _run(
-        self, conn: sqlite3.Connection, fn: Callable[[Transaction], T], immediate: bool
+        self,
+        conn: sqlite3.Connection,
+        fn: Callable[[Transaction], T],
+        immediate: bool,
+        before_commit: Callable[[], None] | None,
     ) -> tuple[T, Any]:
         try:
             conn.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
@@ -324,6 +333,8 @@ class SqliteMetaStore(MetaStore):
             reject_coroutine(result)
             if tr.conflict:
                 raise TransactionConflict(f"{self.path}: conflict swallowed by fn")
+            if before_commit is not None:
+                before_commit()
             conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:
@@ -377,7 +388,9 @@ class SqliteMetaStore(MetaStore):
         # no sleep of ours; the other modes back off.
         return 0.0 if self.begin == "adaptive" and attempt == 1 else backoff_delay(attempt)
 
-    def _transact_here(self, fn: Callable[[Transaction], T]) -> tuple[T, Any]:
+    def _transact_here(
+        self, fn: Callable[[Transaction], T], before_commit: Callable[[], None] | None = None
+    ) -> tuple[T, Any]:
         """``transact``'s loop run in the worker thread itself (reruns included, so nothing
         queued after it can commit first)."""
         deadline = time.monotonic() + self._retry_timeout
@@ -385,7 +398,7 @@ class SqliteMetaStore(MetaStore):
         while True:
             immediate, busy_s = self._mode(attempt, deadline)
             try:
-                return self._attempt(fn, immediate, busy_s)
+                return self._attempt(fn, immediate, busy_s, before_commit)
             except TransactionConflict as exc:
                 attempt += 1
                 time.sleep(self._rerun_delay(attempt, deadline, exc))
@@ -411,11 +424,15 @@ class SqliteMetaStore(MetaStore):
             return result
 
     def transact_from_thread(
-        self, fn: Callable[[Transaction], Any], loop: asyncio.AbstractEventLoop, future: Any
+        self,
+        fn: Callable[[Transaction], Any],
+        loop: asyncio.AbstractEventLoop,
+        future: Any,
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
         def run() -> None:
             try:
-                result, tr = self._transact_here(fn)
+                result, tr = self._transact_here(fn, before_commit)
             except BaseException as exc:
                 loop.call_soon_threadsafe(_settle, future, None, exc)
                 return

@@ -134,6 +134,16 @@ def _server_tls(config: BrokerConfig) -> ServerTls | None:
         raise StartupError(str(exc)) from None
 
 
+def _former_node_id(data_dir: Path) -> str | None:
+    """The node id the previous broker process on ``data_dir`` wrote to its ``ports.json``
+    (None: no such file, or not one of ours)."""
+    try:
+        node_id = json.loads((data_dir / "ports.json").read_text()).get("node_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return node_id if isinstance(node_id, str) and node_id else None
+
+
 def _check_data_dir(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -396,6 +406,7 @@ class Broker(OperationsBackend):
                 "version": flowmq_version(),
                 **({"advertised_host": cfg.advertised_host} if cfg.advertised_host else {}),
             },
+            former_id=_former_node_id(self.data_dir),
         )
         self.readiness = Readiness(self.node_id, self.meta, self.objects, self._cluster_state)
         self.group_admin = GroupAdmin(

@@ -94,6 +94,10 @@ MQTT_RATE = 50.0
 # Where the nodes' fixed ports are picked: below Linux's ephemeral range (32768-60999).
 FIXED_PORTS = (20000, 32768)
 _PORTS = random.Random()  # not the fault schedule's generator: ports do not follow --seed
+# The ports handed out in this process: a cluster picks all its nodes' ports before any node
+# binds them, so a free port could be picked twice (one node then failed to start: "cannot
+# listen on HTTP port 20461", another node's MQTT port, once in 80 two-node starts).
+_HANDED_OUT: set[int] = set()
 quiet = logging.getLogger("chaos.clients")
 quiet.addHandler(logging.NullHandler())
 quiet.propagate = False
@@ -106,12 +110,17 @@ def _free_port() -> int:
     taken meanwhile as the local end of some outgoing connection (``Address already in use``)."""
     while True:
         port = _PORTS.randrange(*FIXED_PORTS)
+        if port in _HANDED_OUT:
+            continue
         try:
             with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
                 tcp.bind(("127.0.0.1", port))
                 udp.bind(("127.0.0.1", port))
         except OSError:
             continue
+        if len(_HANDED_OUT) >= (FIXED_PORTS[1] - FIXED_PORTS[0]) // 2:
+            _HANDED_OUT.clear()  # the clusters of those picks are long gone
+        _HANDED_OUT.add(port)
         return port
 
 

@@ -80,6 +80,15 @@ def test_a_broker_restarted_after_sigkill_drops_the_entry_of_its_former_self(tmp
         status, body = get_json(f"{broker.http}/api/v1/cluster/nodes", "t0k")
         assert [n["node_id"] for n in body["data"]] == [broker.ports["node_id"]]
         assert any(f"removed the entry of {former}" in line for line in broker.output)
+        # A second broker on a data dir in use removes nothing: the first holds its lock.
+        second = start_broker(data_dir, "--admin-token", "t0k")
+        try:
+            status, body = get_json(f"{second.http}/api/v1/cluster/nodes", "t0k")
+            ids = {broker.ports["node_id"], second.ports["node_id"]}
+            assert {n["node_id"] for n in body["data"] if n["status"] == "up"} == ids
+            assert not any("removed the entry" in line for line in second.output)
+        finally:
+            second.stop()
     finally:
         broker.stop()
 

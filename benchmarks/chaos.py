@@ -307,6 +307,9 @@ class ChaosCluster:
             if node.paused:
                 self.signal(name, signal.SIGCONT)
             if node.process is not None:
+                code = node.process.proc.poll()
+                if code is not None:  # killed here, or died by itself (no log line of its own)
+                    node.process.output.append(f"chaos: {name} had exited with {code}\n")
                 node.process.stop()
 
 

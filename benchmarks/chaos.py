@@ -71,7 +71,7 @@ from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
 from paho.mqtt.properties import Properties  # noqa: E402
 
-from tests.fixtures.broker_process import BrokerProcess, start_broker  # noqa: E402
+from tests.fixtures.broker_process import BrokerProcess, pause, start_broker  # noqa: E402
 from tests.fixtures.cluster import write_secret  # noqa: E402
 from tests.fixtures.meta_lock import meta_store_locked  # noqa: E402
 
@@ -282,7 +282,10 @@ class ChaosCluster:
     def signal(self, name: str, sig: int) -> None:
         process = self.nodes[name].process
         if process is not None and process.proc.poll() is None:
-            process.proc.send_signal(sig)
+            if sig == signal.SIGSTOP:
+                pause(process.proc)  # every thread stopped, not just the signal queued
+            else:
+                process.proc.send_signal(sig)
         self.nodes[name].paused = sig == signal.SIGSTOP
 
     def http(self, method: str, path: str, body: Any = None) -> Any:

@@ -21,7 +21,7 @@ import pytest
 from flowmq_broker.kafka.cluster import REFRESH_S, KafkaNode, _score, kafka_node_id
 from flowmq_cluster.config import GossipConfig
 from flowmq_wire.kafka import REQUEST_CLASSES, ErrorCode
-from tests.fixtures.broker_process import BrokerProcess
+from tests.fixtures.broker_process import BrokerProcess, pause
 from tests.fixtures.cluster import BrokerCluster, cluster_size, http, metric, wait_for
 from tests.fixtures.meta_lock import meta_store_locked
 from tests.integration.kafka.conftest import RawKafka
@@ -170,7 +170,11 @@ def test_a_delayed_commit_of_a_deposed_coordinator_is_refused(cluster: BrokerClu
         before = kafka_requests(x, "OffsetCommit")
         a.send_commit(50)  # accepted by x, its write waits for the lock
         wait_for(lambda: kafka_requests(x, "OffsetCommit") > before, 10, "x read the commit")
-        os.kill(x.proc.pid, signal.SIGSTOP)
+        # Stopped in every thread before the lock goes: x's meta thread, waiting in SQLite's
+        # busy handler, took the lock on its release a few times in ten, and then either
+        # wrote the commit of 50 before y's generation (y read 50, not 100) or was stopped
+        # holding the write lock (y's meta thread waited behind it: no coordinator view).
+        pause(x.proc)
 
     wait_for(lambda: cluster_size(y) == 1, DETECTION_S, "y sees x gone")
     wait_for(lambda: coordinator_named_by(y, group) == "y", VIEW_S, "y coordinates the group")

@@ -54,10 +54,6 @@ class DataDirLock:
         # The node id the previous holder wrote, once we hold the lock: that process is gone.
         self.former_id: str | None = None
 
-    @property
-    def held(self) -> bool:
-        return self._fd is not None
-
     def acquire(self) -> bool:
         """Take the lock if no running process holds it (never waits); True if taken."""
         if fcntl is None:  # no flock (not POSIX): the former process is never known

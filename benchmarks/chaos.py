@@ -71,7 +71,7 @@ from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
 from paho.mqtt.packettypes import PacketTypes  # noqa: E402
 from paho.mqtt.properties import Properties  # noqa: E402
 
-from tests.fixtures.broker_process import BrokerProcess, start_broker  # noqa: E402
+from tests.fixtures.broker_process import BrokerProcess, pause, start_broker  # noqa: E402
 from tests.fixtures.cluster import write_secret  # noqa: E402
 from tests.fixtures.meta_lock import meta_store_locked  # noqa: E402
 
@@ -94,6 +94,10 @@ MQTT_RATE = 50.0
 # Where the nodes' fixed ports are picked: below Linux's ephemeral range (32768-60999).
 FIXED_PORTS = (20000, 32768)
 _PORTS = random.Random()  # not the fault schedule's generator: ports do not follow --seed
+# The ports handed out in this process: a cluster picks all its nodes' ports before any node
+# binds them, so a free port could be picked twice (one node then failed to start: "cannot
+# listen on HTTP port 20461", another node's MQTT port, once in 80 two-node starts).
+_HANDED_OUT: set[int] = set()
 quiet = logging.getLogger("chaos.clients")
 quiet.addHandler(logging.NullHandler())
 quiet.propagate = False
@@ -106,12 +110,17 @@ def _free_port() -> int:
     taken meanwhile as the local end of some outgoing connection (``Address already in use``)."""
     while True:
         port = _PORTS.randrange(*FIXED_PORTS)
+        if port in _HANDED_OUT:
+            continue
         try:
             with socket.socket() as tcp, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
                 tcp.bind(("127.0.0.1", port))
                 udp.bind(("127.0.0.1", port))
         except OSError:
             continue
+        if len(_HANDED_OUT) >= (FIXED_PORTS[1] - FIXED_PORTS[0]) // 2:
+            _HANDED_OUT.clear()  # the clusters of those picks are long gone
+        _HANDED_OUT.add(port)
         return port
 
 
@@ -273,7 +282,10 @@ class ChaosCluster:
     def signal(self, name: str, sig: int) -> None:
         process = self.nodes[name].process
         if process is not None and process.proc.poll() is None:
-            process.proc.send_signal(sig)
+            if sig == signal.SIGSTOP:
+                pause(process.proc)  # every thread stopped, not just the signal queued
+            else:
+                process.proc.send_signal(sig)
         self.nodes[name].paused = sig == signal.SIGSTOP
 
     def http(self, method: str, path: str, body: Any = None) -> Any:
@@ -298,6 +310,9 @@ class ChaosCluster:
             if node.paused:
                 self.signal(name, signal.SIGCONT)
             if node.process is not None:
+                code = node.process.proc.poll()
+                if code is not None:  # killed here, or died by itself (no log line of its own)
+                    node.process.output.append(f"chaos: {name} had exited with {code}\n")
                 node.process.stop()
 
 

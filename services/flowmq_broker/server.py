@@ -26,7 +26,7 @@ from flowmq_broker.connection_limits import ConnectionLimits
 from flowmq_broker.group_admin import GroupAdmin
 from flowmq_broker.listeners import bind_socket
 from flowmq_broker.live import LiveViews
-from flowmq_broker.nodes import NodeRegistry
+from flowmq_broker.nodes import DataDirLock, NodeRegistry
 from flowmq_broker.operations import OperationsBackend
 from flowmq_broker.queues import QueueService
 from flowmq_broker.readiness import Readiness
@@ -157,6 +157,7 @@ class Broker(OperationsBackend):
         self.catalog: Catalog | None = None
         self.sync: CatalogSync | None = None
         self.nodes_registry: NodeRegistry | None = None
+        self.data_dir_lock = DataDirLock(self.data_dir)
         self.ports: dict[str, int] = {}
         self.node_id = self.config.node_id
         self.admin_token = ""
@@ -299,6 +300,7 @@ class Broker(OperationsBackend):
         self.cluster_secret = _cluster_secret(cfg)  # before anything is bound or written
         self.tls = _server_tls(cfg)
         _check_data_dir(self.data_dir)
+        self.data_dir_lock.acquire()
         try:
             self.meta = open_meta_store(cfg.meta)
             self.objects = open_object_store(cfg.objects, on_request=metrics.record_object_request)
@@ -312,6 +314,7 @@ class Broker(OperationsBackend):
         http_sockets = self._bind_http()
         if not self.node_id:
             self.node_id = f"{socket.gethostname()}-{self.ports['http']}"
+        self.data_dir_lock.write(self.node_id)
         self.cluster = ClusterRouting(
             self.node_id,
             self.meta,
@@ -396,6 +399,7 @@ class Broker(OperationsBackend):
                 "version": flowmq_version(),
                 **({"advertised_host": cfg.advertised_host} if cfg.advertised_host else {}),
             },
+            former_id=self.data_dir_lock.former_id,
         )
         self.readiness = Readiness(self.node_id, self.meta, self.objects, self._cluster_state)
         self.group_admin = GroupAdmin(
@@ -650,6 +654,7 @@ class Broker(OperationsBackend):
         for what, part, method in parts:
             if part is not None:
                 await _logged(what, getattr(part, method)())
+        self.data_dir_lock.release()
 
 
 async def _logged(what: str, step: Awaitable[Any]) -> None:

@@ -101,7 +101,8 @@ def _missing_after_faults(
 
 # What the nodes said about each other and about sessions, and everything they warned of.
 _TIMELINE = re.compile(
-    r"WARNING|ERROR|Traceback|ready:|dead|alive|adopt|restarted|gone|taken over|moved"
+    r"WARNING|ERROR|Traceback|Fatal Python error|ready:|shutting down|had exited|dead|alive|"
+    r"adopt|restarted|gone|taken over|moved"
 )
 
 

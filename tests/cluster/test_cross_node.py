@@ -438,7 +438,7 @@ def test_a_killed_nodes_routes_go_and_it_routes_again_after_restart(own_cluster,
     publisher.publish_all([(topic, "after-restart", 1)])
     assert payloads(on_b.receive(1)) == ["after-restart"]
     try:
-        assert payloads(on_c.receive(1, timeout=2.0)) == ["after-restart"]
+        assert payloads(on_c.receive(1)) == ["after-restart"]
     except AssertionError as exc:
         raise AssertionError(
             f"{exc}; a's subscriber_nodes at c's SUBACK: {routed_at_suback}"
@@ -480,7 +480,7 @@ def test_a_message_retained_on_a_is_delivered_by_b_to_a_later_subscriber(cluster
     try:
         subscriber = clients(b)
         subscriber.subscribe("r7/#")
-        [message] = subscriber.receive(1, timeout=3.0)
+        [message] = subscriber.receive(1)
         assert message.topic == "r7/state" and message.payload == b"kept"
         assert bool(message.retain) is True
     finally:
@@ -511,7 +511,7 @@ def test_a_persistent_session_moves_with_its_subscription_to_b(cluster, clients)
     assert second.connect_flags.session_present is True
 
     publisher.publish_all([(f"roam/{i}", f"r{i}", 1) for i in range(5)])
-    assert payloads(second.receive(5, timeout=2.0)) == [f"r{i}" for i in range(5)]
+    assert payloads(second.receive(5)) == [f"r{i}" for i in range(5)]
     assert first.messages.empty()
     # End the session so the module's other tests don't see it.
     second.close()

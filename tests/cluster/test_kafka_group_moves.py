@@ -32,6 +32,7 @@ from tests.cluster.test_failover import (
     owner,
     pick,
 )
+from tests.fixtures.broker_process import pause
 from tests.fixtures.cluster import BrokerCluster
 from tests.fixtures.waiting import wait_until
 
@@ -128,7 +129,7 @@ def test_a_group_back_at_its_paused_coordinator_rebalances_without_waiting_out_s
             return sum(kafka_requests(b, "SyncGroup") for b in survivors)
 
         syncs_before = survivor_syncs()
-        os.kill(c.proc.pid, signal.SIGSTOP)
+        pause(c.proc)
         # Both members synced at a survivor: the group runs there (consuming alone says
         # nothing: a member fetches from the partitions' leaders without its coordinator).
         # Not what is tested, and slow on a busy machine (the failure detector, then each

@@ -64,6 +64,35 @@ def test_sigint_stops_cleanly_and_leaves_the_node_table(tmp_path):
         broker.stop()
 
 
+def test_a_broker_restarted_after_sigkill_drops_the_entry_of_its_former_self(tmp_path):
+    """Killed, a broker leaves its entry behind with a fresh heartbeat; restarted on the same
+    data dir under another node id (derived from an HTTP port of 0), it took that entry for
+    a live peer for up to 15 s, and told Kafka clients the dead process led some partitions
+    (the SIGKILL durability test's ListOffsets timed out on its closed port)."""
+    data_dir = tmp_path / "d"
+    broker = start_broker(data_dir, "--admin-token", "t0k")
+    former = broker.ports["node_id"]
+    broker.proc.kill()
+    broker.proc.wait(10)
+    broker = start_broker(data_dir, "--admin-token", "t0k")
+    try:
+        assert broker.ports["node_id"] != former
+        status, body = get_json(f"{broker.http}/api/v1/cluster/nodes", "t0k")
+        assert [n["node_id"] for n in body["data"]] == [broker.ports["node_id"]]
+        assert any(f"removed the entry of {former}" in line for line in broker.output)
+        # A second broker on a data dir in use removes nothing: the first holds its lock.
+        second = start_broker(data_dir, "--admin-token", "t0k")
+        try:
+            status, body = get_json(f"{second.http}/api/v1/cluster/nodes", "t0k")
+            ids = {broker.ports["node_id"], second.ports["node_id"]}
+            assert {n["node_id"] for n in body["data"] if n["status"] == "up"} == ids
+            assert not any("removed the entry" in line for line in second.output)
+        finally:
+            second.stop()
+    finally:
+        broker.stop()
+
+
 def test_env_and_config_file(tmp_path, monkeypatch):
     config = tmp_path / "flowmq.toml"
     config.write_text('admin_token = "from-file"\nroles = ["admin"]\n')

@@ -14,9 +14,13 @@ commit before it.
 Isolation.  SQLite serializes writers on the WAL write lock, and a transaction that read a
 snapshot older than the latest commit cannot upgrade to a writer (SQLITE_BUSY_SNAPSHOT) —
 which is exactly FoundationDB's optimistic-conflict rule, at whole-database granularity.  So
-reads go straight to SQLite, writes are applied inside the open transaction (reads see own
-writes), and any SQLITE_BUSY/LOCKED rolls back and reruns ``fn`` after a jittered backoff.
-``add`` is a read-modify-write inside the transaction.
+reads go straight to SQLite, point writes and adds are kept in the transaction (reads see
+them) and applied in a few statements once ``fn`` returns (``_SqliteTransaction.apply``; a
+range read or clear applies them first), and any SQLITE_BUSY/LOCKED rolls back and reruns
+``fn`` after a jittered backoff.  ``add`` is a read-modify-write inside the transaction, the
+reads of all the adds to keys it has not read done in one statement.  Why keep them: the
+sqlite3 module gives up the GIL for every statement, and a store thread waits to get it back
+behind a busy event loop; a flush's transaction was nine statements and is five.
 
 ``BEGIN`` mode (``begin=`` URL option):
 - ``deferred``: plain BEGIN.  Read-only transactions never take the write lock; a writer that
@@ -107,12 +111,8 @@ def _is_busy(exc: sqlite3.Error) -> bool:
 
 
 class _SqliteTransaction(GuardedTransaction):
-    """Reads go to SQLite at once; point writes and adds are kept in the transaction and
-    applied together just before the commit (``apply``), a few statements in all, so that
-    reads see them and range operations apply them first.  Why: sqlite3 gives up the GIL
-    for every statement, and a worker thread waits to get it back behind a busy event loop
-    (a flush's transaction was nine statements, each a wait; now five, fewer with more
-    entries)."""
+    """Reads go to SQLite at once; point writes and adds are kept and applied together
+    before the commit (``apply``; the module docstring's "Isolation" says why)."""
 
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         super().__init__()

@@ -67,6 +67,15 @@ class ScopedToken:
         return dataclasses.asdict(self)
 
 
+def new_secret() -> str:
+    """32 random bytes, URL-safe base64, never beginning with ``-``: one that did (1 in 64)
+    was taken for an option after the CLI's ``--token``."""
+    while True:
+        secret = secrets.token_urlsafe(32)
+        if not secret.startswith("-"):
+            return secret
+
+
 def secret_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -83,7 +92,7 @@ async def create_token(
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
     validate_namespace_name(namespace)
-    secret = secrets.token_urlsafe(32)
+    secret = new_secret()
     token = ScopedToken(secrets.token_hex(8), namespace, role, description, int(time.time() * 1000))
     record = {**token.view(), "sha256": secret_hash(secret)}
 

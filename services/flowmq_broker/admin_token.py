@@ -12,6 +12,8 @@ import os
 import secrets
 from pathlib import Path
 
+from flowmq_meta.tokens import new_secret
+
 TOKEN_FILE = "admin_token"
 
 
@@ -23,7 +25,7 @@ def load_or_create_token(configured: str, data_dir: Path) -> tuple[str, bool]:
     token = _read(path)
     if token:
         return token, False
-    token = secrets.token_urlsafe(32)
+    token = new_secret()
     tmp = data_dir / f".{TOKEN_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:

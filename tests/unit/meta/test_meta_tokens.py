@@ -19,6 +19,7 @@ from flowmq_meta.tokens import (
     delete_namespace_tokens,
     delete_token,
     load_token_records,
+    new_secret,
 )
 
 
@@ -77,3 +78,10 @@ async def test_deleting_a_namespaces_tokens_keeps_the_others(store):
     b1, _ = await create_token(store, "b", "admin")
     assert sorted(await delete_namespace_tokens(store, "a")) == sorted([a1.id, a2.id])
     assert [r["id"] for r in await load_token_records(store)] == [b1.id]
+
+
+def test_a_secret_never_begins_with_a_dash():
+    """The CLI's ``--token -x…`` would take it for an option (1 secret in 64 did)."""
+    drawn = [new_secret() for _ in range(2000)]
+    assert not [s for s in drawn if s.startswith("-")]
+    assert len(set(drawn)) == 2000 and all(len(s) == 43 for s in drawn)

@@ -222,6 +222,26 @@ async def test_atomic_add_wraps_and_resizes_like_fdb(store: MetaStore, space: Su
     assert await store.get(short) == encode_int(2)  # zero-extended to 8 bytes
 
 
+async def test_adds_mixed_with_sets_and_a_range_read(store: MetaStore, space: Subspace) -> None:
+    """An add to a key not read yet, an add after a set, a set after an add, then a range
+    read of them all in the same transaction (SQLite keeps adds and writes until a range
+    read or the commit applies them)."""
+    a, b, c = space.pack("a"), space.pack("b"), space.pack("c")
+    await put(store, {a: encode_int(1), b: encode_int(2)})
+
+    def fn(tr):
+        tr.add(a, 10)
+        tr.set(b, encode_int(100))
+        tr.add(b, 1)
+        tr.add(c, 5)
+        tr.set(c, encode_int(7))
+        return tr.get_range(*space.range())
+
+    expected = [(a, encode_int(11)), (b, encode_int(101)), (c, encode_int(7))]
+    assert await store.transact(fn) == expected
+    assert await dump(store, space) == expected
+
+
 async def test_read_your_writes(store: MetaStore, space: Subspace) -> None:
     await put(store, {space.pack(i): b"old" for i in range(5)})
 

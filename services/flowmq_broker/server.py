@@ -126,6 +126,21 @@ def _cluster_secret(config: BrokerConfig) -> ClusterSecret | None:
     return secret
 
 
+def _gossip_tuning(cfg: BrokerConfig) -> GossipConfig:
+    try:
+        return GossipConfig(
+            gossip_interval=cfg.gossip_interval,
+            gossip_nodes=cfg.gossip_nodes,
+            probe_interval=cfg.gossip_probe_interval,
+            probe_timeout=cfg.gossip_probe_timeout,
+            indirect_checks=cfg.gossip_indirect_checks,
+            suspicion_mult=cfg.gossip_suspicion_mult,
+            push_pull_interval=cfg.gossip_push_pull_interval,
+        )
+    except ValueError as exc:
+        raise StartupError(f"gossip settings: {exc}") from None
+
+
 def _server_tls(config: BrokerConfig) -> ServerTls | None:
     """The TLS listeners' settings, checked before anything is bound; None without TLS."""
     try:
@@ -299,6 +314,7 @@ class Broker(OperationsBackend):
         cfg = self.config
         self.cluster_secret = _cluster_secret(cfg)  # before anything is bound or written
         self.tls = _server_tls(cfg)
+        gossip_tuning = _gossip_tuning(cfg)  # a bad setting says so, not a port in use
         _check_data_dir(self.data_dir)
         self.data_dir_lock.acquire()
         try:
@@ -389,7 +405,7 @@ class Broker(OperationsBackend):
                 flush=True,
             )
         await self._start_cluster_links()
-        await self._start_gossip()
+        await self._start_gossip(gossip_tuning)
         self.nodes_registry = NodeRegistry(
             self.meta,
             self.node_id,
@@ -494,22 +510,10 @@ class Broker(OperationsBackend):
         from the HTTP port, which is not known yet)."""
         return self.config.node_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
-    async def _start_gossip(self) -> None:
+    async def _start_gossip(self, tuning: GossipConfig) -> None:
         """Join the cluster's SWIM membership (DESIGN.md §6).  Routing does not use it yet:
         it tells which brokers are alive (cluster nodes API, gossip_cluster_size)."""
         cfg = self.config
-        try:
-            tuning = GossipConfig(
-                gossip_interval=cfg.gossip_interval,
-                gossip_nodes=cfg.gossip_nodes,
-                probe_interval=cfg.gossip_probe_interval,
-                probe_timeout=cfg.gossip_probe_timeout,
-                indirect_checks=cfg.gossip_indirect_checks,
-                suspicion_mult=cfg.gossip_suspicion_mult,
-                push_pull_interval=cfg.gossip_push_pull_interval,
-            )
-        except ValueError as exc:
-            raise StartupError(f"gossip settings: {exc}") from None
         self.gossip = Gossip(
             self.node_id,
             bind=(cfg.cluster_bind, cfg.gossip_port),

@@ -8,9 +8,9 @@ store's thread, write the object, and take the next job.  The transaction's stat
 while the object is written and its COMMIT waits for the write's fdatasync (the write gate),
 so one flush's write overlaps its own statements and the commit of the flush before (the
 two-deep pipeline of the batcher), while the loop waits for one result instead of relaying
-the transaction.  Jobs run one at a time in
-submission order and each hands its transaction over before the next job starts, so flushes
-commit in the order they started without the loop ordering them.  Measured as four thread
+the transaction.  Jobs run one at a time in submission order and each hands its transaction
+over before the next job starts, so flushes commit in the order they started without the
+loop ordering them.  Measured as four thread
 hand-offs per flush before (loop → object-store thread → loop → meta-store thread → loop),
 each waiting for the GIL behind a busy loop: ``benchmarks/README.md``.
 """

@@ -70,10 +70,11 @@ class FlushThread:
     def write_and_commit(
         self, key: str, body: bytes, txn: Txn, on_written: Callable[[float], None]
     ) -> asyncio.Future[Any]:
-        """Write ``body`` under ``key``, then commit ``txn``; the future resolves to the
-        transaction's result.  ``on_written(seconds)`` is called on the loop once the write
-        is done (the batcher may start the next flush then); if the write fails, the future
-        fails and the transaction never runs."""
+        """Write ``body`` under ``key`` and commit ``txn`` once the write is durable (its
+        statements run beside the write); the future resolves to the transaction's result.
+        ``on_written(seconds)`` is called on the loop once the write is done (the batcher may
+        start the next flush then); if the write fails, the transaction rolls back and the
+        future fails."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._submit(loop, future, self._write_and_commit, loop, future, key, body, txn, on_written)

@@ -175,7 +175,7 @@ class MqttConnection(asyncio.Protocol):
             self._after_read()
         if len(data) >= YIELD_AFTER_READ_BYTES and self._may_read():
             self.transport.pause_reading()  # type: ignore[union-attr]
-            self._loop.call_soon(self._next_turn)
+            self._loop.call_soon(self._resume_reading)
 
     def _may_read(self) -> bool:
         """Whether nothing holds reading from this client: no CONNECT, SUBSCRIBE or durable
@@ -189,9 +189,10 @@ class MqttConnection(asyncio.Protocol):
             and not self.delivery.is_paused(self)
         )
 
-    def _next_turn(self) -> None:
-        """Read again after a large read (``YIELD_AFTER_READ_BYTES``) unless another reason
-        to stop came meanwhile (its own resume reads again)."""
+    def _resume_reading(self) -> None:
+        """Read again once one reason to stop has ended (a held CONNECT, a SUBSCRIBE kept,
+        durable writes caught up, the loop turn after a large read), unless another still
+        holds: its own end reads again."""
         if self._may_read():
             self.transport.resume_reading()  # type: ignore[union-attr]
 
@@ -672,8 +673,7 @@ class MqttConnection(asyncio.Protocol):
             else:  # unknown_user or bad_password: the client is told the same
                 self._refuse_connect(rc.BAD_USER_NAME_OR_PASSWORD, result.reason, p)
             return
-        if self.transport is not None and not self.delivery.is_paused(self):
-            self.transport.resume_reading()
+        self._resume_reading()
         if result.namespace is not None:
             self._enter_namespace(result.namespace)
         self._on_connect_accepted(p)
@@ -831,8 +831,7 @@ class MqttConnection(asyncio.Protocol):
             if self.closing:
                 self._release_taken(key)
                 return
-            if self.transport is not None and not self.delivery.is_paused(self):
-                self.transport.resume_reading()
+            self._resume_reading()
             stored = self._attach_session(p, expiry, assigned)
             self._replay(held)
             self.delivery.flush_dirty()
@@ -1156,8 +1155,7 @@ class MqttConnection(asyncio.Protocol):
             self._replay(unread)
         finally:
             self._after_read()
-        if self.transport is not None and not self.delivery.is_paused(self):
-            self.transport.resume_reading()
+        self._resume_reading()
 
     def _refuse(self, packet_id: int, qos: int, why: str) -> None:
         if self.level == 5:
@@ -1378,8 +1376,7 @@ class MqttConnection(asyncio.Protocol):
                 return  # the record could not be stored: disconnected, nothing to answer
             answer()
             self.flush()
-            if not self.delivery.is_paused(self):
-                self.transport.resume_reading()
+            self._resume_reading()
 
         both = waits[0] if len(waits) == 1 else asyncio.gather(*waits, return_exceptions=True)
         both.add_done_callback(kept)

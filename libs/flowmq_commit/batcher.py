@@ -67,6 +67,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import secrets
@@ -78,7 +79,9 @@ from typing import Any, NamedTuple
 from flowmq_commit import refs
 from flowmq_commit.clock import Clock
 from flowmq_commit.errors import BatcherClosed, StoreUnavailable
+from flowmq_commit.flush_process import FlushProcess
 from flowmq_commit.flush_thread import FlushThread
+from flowmq_commit.flush_txn import RunCommit, commit_flush
 from flowmq_commit.tasks import FaultHook, fault, running_task
 from flowmq_core.message import now_ms
 from flowmq_meta import MetaError, MetaStore, Transaction
@@ -104,6 +107,12 @@ class GroupCommit(abc.ABC):
         Returns each chunk's result and the number of index entries written pointing into
         the object.  Runs inside the flush transaction, maybe more than once (a retried
         transaction), so it acts only through ``tr``."""
+
+    def portable(self, group: Any, chunks: list[tuple[int, int, Any]]) -> RunCommit | None:
+        """``commit`` of this run as a picklable callable ``(tr, object_key)``, which the
+        flush process can run (``flush_process``), or None if it cannot leave this process
+        (it calls back into it).  The default: None."""
+        return None
 
     def check(self, group: Any) -> None:  # noqa: B027 - optional hook
         """Raise if no chunk of ``group`` could be committed (a key past the meta store's
@@ -213,6 +222,9 @@ class _Run:
         self.start = start
         self.end = end
 
+    def bound_commit(self, tr: Transaction, object_key: str) -> tuple[list[Any], int]:
+        return self.commit.commit(tr, self.group, object_key, self.chunks)
+
 
 class GroupCommitBatcher:
     def __init__(
@@ -275,6 +287,16 @@ class GroupCommitBatcher:
         self._keys_coming = 0
         # Write and commit in one worker thread when both stores allow it (file + SQLite).
         self._flush_thread = FlushThread.for_stores(objects, meta, faults)
+        # ... or in a child process, for the flushes that can leave this one; never with
+        # fault hooks or a clock of a test's, which only this process runs.
+        self._flush_process = (
+            FlushProcess.for_stores(objects, meta)
+            if self._flush_thread is not None and faults is None and clock is now_ms
+            else None
+        )
+        # The way the latest flush took (a process, the thread, or None: the loop); a flush
+        # taking another waits for the one before it, so that flushes commit in order.
+        self._last_route: FlushProcess | FlushThread | None = None
         # How many keys to keep ready, and how many to register at a time once below.
         self._keys_ahead = PIPELINE_DEPTH if self._flush_thread is None else CREATED_AHEAD
         self._keys_batch = 1 if self._flush_thread is None else CREATED_AHEAD // 2
@@ -517,6 +539,8 @@ class GroupCommitBatcher:
             # Every object created ahead exists before its intent is abandoned, so GC's
             # deletion cannot come first and leave it behind.
             await self._flush_thread.idle()
+        if self._flush_process is not None:
+            await self._flush_process.close()
         abandoned = [*self._abandoned, *(key for key, _ in self._keys)]
         self._keys.clear()
         if abandoned:
@@ -693,7 +717,13 @@ class GroupCommitBatcher:
             raise
         self.stats.intent_transactions += 1
         self._keys.extend((key, deadline) for key in keys)
-        if self._flush_thread is not None:
+        self._create_ahead(keys)
+
+    def _create_ahead(self, keys: list[str]) -> None:
+        """Have the flush thread or process (whichever will write them) create ``keys``."""
+        if self._flush_process is not None and self._flush_process.ready:
+            self._flush_process.create_ahead(keys)
+        elif self._flush_thread is not None:
             self._flush_thread.create_ahead(keys)
 
     async def _take_key(self) -> str:
@@ -711,9 +741,19 @@ class GroupCommitBatcher:
             started = time.perf_counter()
             runs, body = _layout(items)
             thread = self._thread()
+            portable = self._portable(runs) if body and thread is not None else None
+            route: FlushProcess | FlushThread | None = thread
+            if portable is not None:
+                route = self._flush_process
+            # Only the thread and the process keep their jobs in order; across them, or on
+            # the loop, a flush waits for the one before it.
+            wait_previous = previous is not None and (
+                route is None or route is not self._last_route
+            )
+            self._last_route = route
             if not body:
                 self._put_done()
-                if previous is not None and thread is None:
+                if wait_previous:
                     await previous
                 await self._commit_only(items, runs, thread)
                 return
@@ -735,7 +775,24 @@ class GroupCommitBatcher:
                         stages[0] = stages[1] - seconds
                         self._put_done()
 
-                    results = await thread.write_and_commit(key, body, plan.txn, written)
+                    if wait_previous:
+                        await previous
+                    if portable is not None and self._flush_process is not None:
+                        commit = functools.partial(
+                            commit_flush,
+                            key=key,
+                            now=self._clock(),
+                            commits=portable,
+                            next_keys=plan.next_keys,
+                            next_deadline=plan.next_deadline,
+                            node_id=self.node_id,
+                            abandoned=plan.abandoned,
+                        )
+                        results = await self._flush_process.write_and_commit(
+                            key, body, commit, written
+                        )
+                    else:
+                        results = await thread.write_and_commit(key, body, plan.txn, written)
                 else:
                     stages[0] = time.perf_counter()
                     try:
@@ -762,8 +819,8 @@ class GroupCommitBatcher:
                 return
             self._keys_coming -= len(plan.next_keys)
             self._keys.extend((k, plan.next_deadline) for k in plan.next_keys)
-            if plan.next_keys and self._flush_thread is not None:
-                self._flush_thread.create_ahead(plan.next_keys)
+            if plan.next_keys:
+                self._create_ahead(plan.next_keys)
             self._flush_committed()
             self.stats.flushes += 1
             self.stats.bytes += len(body)
@@ -844,25 +901,23 @@ class GroupCommitBatcher:
         next_deadline: int,
         abandoned: list[str],
     ) -> list[list[Any]]:
-        now = self._clock()
-        refs.check_intent(tr, key, now)
-        for old in abandoned:
-            refs.abandon_intent(tr, old, now)
-        results = []
-        total_refs = 0
+        commits = [(run.bound_commit, len(run.chunks)) for run in runs]
+        return commit_flush(
+            tr, key, self._clock(), commits, next_keys, next_deadline, self.node_id, abandoned
+        )
+
+    def _portable(self, runs: list[_Run]) -> list[tuple[RunCommit, int]] | None:
+        """Every run's commit in a form the flush process runs, if it can take this flush
+        (up and running; it starts here the first time a flush could use it)."""
+        if self._flush_process is None:
+            return None
+        commits = []
         for run in runs:
-            run_results, n = run.commit.commit(tr, run.group, key, run.chunks)
-            if len(run_results) != len(run.chunks):
-                raise ValueError(
-                    f"{run.commit!r} returned {len(run_results)} results"
-                    f" for {len(run.chunks)} chunks"
-                )
-            total_refs += n
-            results.append(run_results)
-        refs.resolve_intent(tr, key, total_refs, now)
-        for next_key in next_keys:
-            refs.register_intent(tr, next_key, next_deadline, self.node_id)
-        return results
+            commit = run.commit.portable(run.group, run.chunks)
+            if commit is None:
+                return None
+            commits.append((commit, len(run.chunks)))
+        return commits if self._flush_process.ready else None
 
 
 def _layout(items: list[_Item]) -> tuple[list[_Run], bytes]:

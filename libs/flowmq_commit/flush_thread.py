@@ -130,7 +130,7 @@ class FlushThread:
         """In the flush thread: the transaction is queued first and commits only once the
         write is durable, so its statements (and the meta thread's wake-up) overlap the
         write and its fdatasync instead of following them."""
-        gate = _WriteGate()
+        gate = WriteGate()
         try:
             self._meta.transact_from_thread(txn, loop, future, gate.wait)
         except BaseException as exc:  # never leave the flush's waiters hanging
@@ -148,7 +148,7 @@ class FlushThread:
         loop.call_soon_threadsafe(on_written, time.perf_counter() - started)
 
 
-class _WriteGate:
+class WriteGate:
     """A flush's object write as its transaction waits for it before COMMIT (in the meta
     thread): done, or failed with the write's error, which rolls the transaction back."""
 

@@ -13,7 +13,8 @@ All functions here run inside a meta transaction (synchronous, no I/O of their o
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import fdb.tuple as fdbtuple
 
@@ -88,6 +89,25 @@ def append_entry(
     write_entry(tr, p, ChunkEntry(base, object_key, start, end, count, max_ts))
     tr.add(bytes_key(p), end - start)
     return base
+
+
+def append_run(
+    p: Partition, chunks: Sequence[tuple[int, int, Any]], tr: Transaction, object_key: str
+) -> tuple[list[int], int]:
+    """Chunks adjacent in ``object_key`` (``(start, end, (offset count, max timestamp, _))``
+    each) as ONE entry; returns each chunk's base offset and the one entry.  Module-level so
+    that the flush process can run it (``GroupCommit.portable``)."""
+    total = 0
+    max_ts = -1
+    for _, _, (count, ts, _) in chunks:
+        total += count
+        max_ts = max(max_ts, ts)
+    offset = append_entry(tr, p, object_key, chunks[0][0], chunks[-1][1], total, max_ts)
+    results = []
+    for _, _, (count, _, _) in chunks:
+        results.append(offset)
+        offset += count
+    return results, 1
 
 
 def first_entries(

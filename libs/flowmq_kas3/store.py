@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from flowmq_commit.batcher import GroupCommit, GroupCommitBatcher
+from flowmq_commit.flush_txn import RunCommit
 from flowmq_commit.tasks import running_task
 from flowmq_kas3 import index
 from flowmq_kas3.errors import ChunkRefused, OffsetOutOfRange
@@ -72,18 +74,12 @@ class _PartitionCommit(GroupCommit):
     ) -> tuple[list[Any], int]:
         if any(on_commit is not None for _, _, (_, _, on_commit) in chunks):
             return self._commit_checked(tr, group, object_key, chunks)
-        total = 0
-        max_ts = -1
-        for _, _, (count, ts, _) in chunks:
-            total += count
-            max_ts = max(max_ts, ts)
-        base = index.append_entry(tr, group, object_key, chunks[0][0], chunks[-1][1], total, max_ts)
-        results = []
-        offset = base
-        for _, _, (count, _, _) in chunks:
-            results.append(offset)
-            offset += count
-        return results, 1
+        return index.append_run(group, chunks, tr, object_key)
+
+    def portable(self, group: Partition, chunks: list[tuple[int, int, Any]]) -> RunCommit | None:
+        if any(on_commit is not None for _, _, (_, _, on_commit) in chunks):
+            return None  # its hooks (idempotent producers) live in this process
+        return functools.partial(index.append_run, group, chunks)
 
     @staticmethod
     def _commit_checked(

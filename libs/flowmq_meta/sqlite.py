@@ -474,7 +474,25 @@ class SqliteMetaStore(MetaStore):
                 attempt += 1
                 time.sleep(self._rerun_delay(attempt, deadline, exc))
 
+    def transact_in_thread(
+        self, fn: Callable[[Transaction], T], before_commit: Callable[[], None] | None = None
+    ) -> concurrent.futures.Future[tuple[T, ChangeTracker]]:
+        """``transact`` for a process without an event loop (the batcher's flush process):
+        the future resolves to the result and what the transaction changed, which the
+        process that owns the watches hands to ``committed_elsewhere``."""
+
+        def run() -> tuple[T, ChangeTracker]:
+            result, tr = self._transact_here(fn, before_commit)
+            return result, tr.tracker
+
+        return self._executor.submit(run)
+
     # -- event-loop side --------------------------------------------------------------------
+    def committed_elsewhere(self, changes: ChangeTracker) -> None:
+        """Fire the watches a transaction committed by another process on this process's
+        behalf touched (``transact_blocking``), at once rather than at the next poll."""
+        self._watches.notify_commit(changes)
+
     async def transact(self, fn: Callable[[Transaction], T]) -> T:
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self._retry_timeout

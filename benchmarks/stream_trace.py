@@ -9,9 +9,9 @@ broker process (nothing in the broker changes; experiments only).
 
 Per message, on ``time.monotonic_ns`` (the publisher's stamp is on the same clock): send →
 the broker's read of it, read → ``StreamDestinationType.accept``, accept → its flush's
-start, the flush's stages (hand-off to the flush thread, write + fdatasync, hand-off to the
-meta thread and the transaction with its COMMIT, hand-off back to the loop), resolved on the
-loop (the PUBACK goes out in the next callbacks), then commit → the first Fetch answer that
+start, the flush's stages (in the flush thread: hand-off to it, write + fdatasync, hand-off to
+the meta thread and the transaction with its COMMIT, hand-off back to the loop; or in the
+flush process: sent to it, its answers as the loop reads them), resolved on the loop (the PUBACK goes out in the next callbacks), then commit → the first Fetch answer that
 carries the message, and the consumer's receive - send.  Per Fetch: how long each long poll
 waited and whether a commit woke it or its ``max_wait_ms`` ran out.
 """
@@ -158,6 +158,29 @@ def patch() -> dict[str, Any]:
 
     FT.FlushThread.write_and_commit = write_and_commit
 
+    import flowmq_commit.flush_process as FP
+
+    orig_process_wac = FP.FlushProcess.write_and_commit
+
+    def process_write_and_commit(
+        self: Any, key: str, body: bytes, commit: Any, on_written: Any
+    ) -> Any:
+        f = CURRENT.get()
+        if f is None:
+            return orig_process_wac(self, key, body, commit, on_written)
+        f["sent"] = ns()
+
+        def written(seconds: float) -> None:
+            f["written_loop"] = ns()
+            f["write_s"] = seconds
+            on_written(seconds)
+
+        future = orig_process_wac(self, key, body, commit, written)
+        future.add_done_callback(lambda _: f.__setitem__("txn_loop", ns()))
+        return future
+
+    FP.FlushProcess.write_and_commit = process_write_and_commit
+
     orig_response = KF._response
 
     def response(ctx: Any, wants: list[Any], got: list[Any], max_bytes: int) -> Any:
@@ -225,6 +248,12 @@ def analyse(trace: dict[str, Any], latencies: list[float], stream: str) -> dict[
                 add("write end -> committed", f["txn_end"] - f["write_end"])
                 add("txn end -> loop", f["txn_loop"] - f["txn_end"])
             add("txn on loop -> resolved", resolved - f["txn_loop"])
+        if "sent" in f and "txn_loop" in f and "written_loop" in f:
+            add("flush start -> sent to the flush process", f["sent"] - f["start"])
+            add("its write + fdatasync (in the child)", f["write_s"] * 1e9)
+            add("sent -> written (on the loop)", f["written_loop"] - f["sent"])
+            add("written -> committed (on the loop)", f["txn_loop"] - f["written_loop"])
+            add("committed -> resolved", resolved - f["txn_loop"])
         add("accept -> resolved (PUBACK)", resolved - acc)
         add("send -> resolved", resolved - stamp)
         for lo, hi, t in answers.get(p, ()):

@@ -383,6 +383,12 @@ class GroupCommitBatcher:
             wakeup.set_result(None)
         return future
 
+    def warm_up(self) -> None:
+        """Start the flush process now, if this batcher has one (a broker with Streams calls
+        it, so that their first appends need not take the flush thread while it starts)."""
+        if self._flush_process is not None and not self._closing:
+            self._flush_process.start_soon()
+
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
@@ -917,6 +923,7 @@ class GroupCommitBatcher:
             if commit is None:
                 return None
             commits.append((commit, len(run.chunks)))
+        self._flush_process.start_soon()
         return commits if self._flush_process.ready else None
 
 

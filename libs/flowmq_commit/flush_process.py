@@ -21,8 +21,8 @@ keys are abandoned, nothing is acknowledged) and the next portable flush starts 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
+import itertools
 import logging
 import os
 import pickle
@@ -62,7 +62,7 @@ class _Pending:
 
     def __init__(self, future: asyncio.Future[Any], on_written: Callable[[float], None]) -> None:
         self.future = future
-        self.on_written: Callable[[float], None] | None = on_written
+        self.on_written = on_written
 
 
 class FlushProcess:
@@ -73,7 +73,8 @@ class FlushProcess:
         self._meta = meta
         self._child: asyncio.subprocess.Process | None = None
         self._transport: asyncio.Transport | None = None
-        self._pending: collections.deque[_Pending] = collections.deque()
+        self._pending: dict[int, _Pending] = {}
+        self._jobs = itertools.count()
         self._buffer = bytearray()
         self._ready = False
         self._starting = False
@@ -92,14 +93,21 @@ class FlushProcess:
 
     @property
     def ready(self) -> bool:
-        """Up and taking flushes; if not, starts it (once per ``RESTART_GAP_S``)."""
-        if not self._ready and not self._starting and not self._closed:
-            loop = asyncio.get_running_loop()
-            if loop.time() - self._last_start >= RESTART_GAP_S:
-                self._last_start = loop.time()
-                self._starting = True
-                loop.create_task(self._start())
+        """Up and taking flushes."""
         return self._ready
+
+    def start_soon(self) -> None:
+        """Start the child unless it is up or starting (at most once per ``RESTART_GAP_S``)."""
+        if self._ready or self._starting or self._closed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on the loop (yet): the next flush starts it
+            return
+        if loop.time() - self._last_start >= RESTART_GAP_S:
+            self._last_start = loop.time()
+            self._starting = True
+            loop.create_task(self._start())
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -141,8 +149,9 @@ class FlushProcess:
         if transport is None or transport.is_closing():
             future.set_exception(ObjectStoreError("the flush process is not running"))
             return future
-        header, data = encode_frame(("flush", key, commit), body)
-        self._pending.append(_Pending(future, on_written))
+        job = next(self._jobs)
+        header, data = encode_frame(("flush", job, key, commit), body)
+        self._pending[job] = _Pending(future, on_written)
         transport.writelines((header, data, body))
         return future
 
@@ -175,19 +184,17 @@ class FlushProcess:
             self._ready = True
             self._starting = False
             return
-        pending = self._pending[0]
+        job = answer[1]
         if kind == "written":
-            if pending.on_written is not None:
-                on_written, pending.on_written = pending.on_written, None
-                on_written(answer[1])
+            self._pending[job].on_written(answer[2])
             return
-        self._pending.popleft()
+        future = self._pending.pop(job).future
         if kind == "done":
-            self._meta.committed_elsewhere(answer[2])
-            if not pending.future.done():
-                pending.future.set_result(answer[1])
-        elif not pending.future.done():
-            pending.future.set_exception(answer[1])
+            self._meta.committed_elsewhere(answer[3])
+            if not future.done():
+                future.set_result(answer[2])
+        elif not future.done():
+            future.set_exception(answer[2])
 
     def _lost(self, exc: BaseException | None) -> None:
         self._transport = None
@@ -197,10 +204,10 @@ class FlushProcess:
         if not self._closed:
             log.warning("the flush process exited (%s); flushes use the flush thread", exc)
         error = MetaError("the flush process exited; the outcome of its flush is unknown")
-        while self._pending:
-            future = self._pending.popleft().future
-            if not future.done():
-                future.set_exception(error)
+        for pending in self._pending.values():
+            if not pending.future.done():
+                pending.future.set_exception(error)
+        self._pending.clear()
         child, self._child = self._child, None
         if child is not None and not self._closed:  # (closing: it ends once the jobs are done)
             with contextlib.suppress(OSError, ProcessLookupError):

@@ -61,6 +61,10 @@ class DestinationType(abc.ABC):
         down when the destination cannot keep up; the others need not know."""
         return self.accept(binding, message)
 
+    def loaded(self, count: int) -> None:  # noqa: B027 - optional hook
+        """After every load of the durable routes: how many destinations of this type there
+        are now (a type may get ready for writes before the first one arrives)."""
+
 
 class Forwarder(Protocol):
     """Cross-node forwarding of Subscription messages (``flowmq_broker.cluster``)."""
@@ -150,6 +154,8 @@ class Router:
             counts[binding.type] = counts.get(binding.type, 0) + 1
         for type_name in {*counts, "stream", "queue"}:
             metrics.broker_destinations.labels(type_name).set(counts.get(type_name, 0))
+        for type_name, dest_type in self._types.items():
+            dest_type.loaded(counts.get(type_name, 0))
 
     def destinations(self) -> list[Destination]:
         return list(self._destinations.values())

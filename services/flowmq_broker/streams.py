@@ -31,6 +31,10 @@ class StreamDestinationType(DestinationType):
         self.router = router
         self._turns = itertools.count()
 
+    def loaded(self, count: int) -> None:
+        if count:
+            self.store.batcher.warm_up()
+
     def accept(self, binding: Binding, message: Message) -> asyncio.Future[int]:
         dest = self.router.destination(binding)
         partitions = dest.options.get("partitions", 1) if dest is not None else 1

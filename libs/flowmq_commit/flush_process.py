@@ -186,7 +186,9 @@ class FlushProcess:
             return
         job = answer[1]
         if kind == "written":
-            self._pending[job].on_written(answer[2])
+            pending = self._pending.get(job)
+            if pending is not None:
+                pending.on_written(answer[2])
             return
         future = self._pending.pop(job).future
         if kind == "done":

@@ -100,8 +100,9 @@ def serve(sock: socket.socket, objects_root: str, meta_url: str) -> None:
         except Exception as exc:
             gate.open(exc)
             continue
-        gate.open(None)
+        # Told before the gate opens, so that it always comes before "done".
         send(("written", job, time.perf_counter() - started))
+        gate.open(None)
     concurrent.futures.wait(list(unanswered))
 
 

@@ -337,7 +337,7 @@ class StreamStore:
         p: Partition = (ns, stream, partition)
         with running_task():
             for attempt in range(_FETCH_ATTEMPTS):
-                hwm, start, entries = await self.meta.transact(
+                hwm, start, entries = await self.meta.read(
                     lambda tr: self._plan_fetch(tr, p, offset, max_bytes)
                 )
                 if not entries:
@@ -411,7 +411,7 @@ class StreamStore:
                     return []
                 return [tr.watch(index.hwm_key(p)) for p, _ in parts]
 
-            found = await self.meta.transact(check)
+            found = await self.meta.read(check)
             if found is None:
                 return True
             watches = found

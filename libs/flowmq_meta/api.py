@@ -89,6 +89,31 @@ class Transaction(abc.ABC):
         """A watch that becomes active when the transaction commits."""
 
 
+class ReadOnlyTransaction(Transaction):
+    """A transaction's reads and watches; its writes raise ``MetaError`` (``MetaStore.read``)."""
+
+    __slots__ = ("_tr",)
+
+    def __init__(self, tr: Transaction) -> None:
+        self._tr = tr
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._tr.get(key)
+
+    def get_range(
+        self, begin: bytes, end: bytes, limit: int = 0, reverse: bool = False
+    ) -> list[tuple[bytes, bytes]]:
+        return self._tr.get_range(begin, end, limit, reverse)
+
+    def watch(self, key: bytes) -> Watch:
+        return self._tr.watch(key)
+
+    def _refuse(self, *_: Any) -> None:
+        raise MetaError("a read transaction of the meta store may not write")
+
+    set = clear = clear_range = add = _refuse  # type: ignore[assignment]
+
+
 class MetaStore(abc.ABC):
     url: str
     #: Whether ``transact_from_thread`` is available (a store whose transactions run one at
@@ -98,6 +123,12 @@ class MetaStore(abc.ABC):
     @abc.abstractmethod
     async def transact(self, fn: Callable[[Transaction], T]) -> T:
         """Run ``fn`` in a transaction, retrying on conflict; return its result."""
+
+    async def read(self, fn: Callable[[Transaction], T]) -> T:
+        """Run ``fn``, which only reads (and may set watches), in a transaction that sees
+        a consistent, committed snapshot, wherever the backend answers it soonest; a write
+        in it raises ``MetaError``.  The default: ``transact``."""
+        return await self.transact(lambda tr: fn(ReadOnlyTransaction(tr)))
 
     def transact_from_thread(
         self,

@@ -65,6 +65,7 @@ import concurrent.futures
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -226,6 +227,15 @@ class _SqliteTransaction(GuardedTransaction):
             self._execute(f"DELETE FROM kv WHERE key IN ({marks})", chunk)
 
 
+class _ReadTransaction(_SqliteTransaction):
+    """``SqliteMetaStore.read``'s transaction: reads only."""
+
+    def _refuse(self, *_: Any) -> None:
+        raise MetaError("a read transaction of the meta store may not write")
+
+    _set = _clear = _clear_range = _add = _refuse
+
+
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
@@ -274,6 +284,10 @@ class SqliteMetaStore(MetaStore):
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
         self._conn: sqlite3.Connection | None = None
+        # ``read``'s connection, used on the event loop's thread only.
+        self._reader: sqlite3.Connection | None = None
+        self._reader_failed = False
+        self._reader_thread = 0
         # Reruns of fn after a conflict, for metrics and benchmarks.
         self.conflicts = 0
 
@@ -488,6 +502,49 @@ class SqliteMetaStore(MetaStore):
         return self._executor.submit(run)
 
     # -- event-loop side --------------------------------------------------------------------
+    async def read(self, fn: Callable[[Transaction], T]) -> T:
+        """On the event loop's own thread, with a connection of its own (SQLite's WAL
+        readers never wait for the writer): a Fetch's few point and range reads take tens of
+        microseconds there, where a hop to the store's thread and back waited for the GIL
+        behind the loop (``benchmarks/README.md``, Streams).  A read SQLite cannot answer at
+        once (the WAL being recovered) goes through ``transact``."""
+        conn = self._loop_reader()
+        if conn is None:
+            return await self.transact(fn)
+        tr = _ReadTransaction(conn, self.path)
+        try:
+            conn.execute("BEGIN")
+            try:
+                result = fn(tr)
+            finally:
+                conn.execute("ROLLBACK")
+        except (TransactionConflict, sqlite3.OperationalError):
+            return await self.transact(fn)
+        except sqlite3.Error as exc:
+            raise MetaError(f"SQLite meta store {self.path}: {exc}") from exc
+        finally:
+            tr._finish()
+        reject_coroutine(result)
+        if tr.watches:
+            self._committed(asyncio.get_running_loop(), tr)
+        return result
+
+    def _loop_reader(self) -> sqlite3.Connection | None:
+        """The loop thread's read connection (opened on first use; None once closed or if
+        it cannot be opened: reads then take the store's thread)."""
+        if self._reader is None and not self._closed and not self._reader_failed:
+            try:
+                # Never wait in SQLite's busy handler on the loop: such a read falls back.
+                conn = sqlite3.connect(self.path, isolation_level=None, timeout=0)
+                conn.execute("PRAGMA query_only=1")
+                self._reader = conn
+                self._reader_thread = threading.get_ident()
+            except sqlite3.Error:
+                self._reader_failed = True
+        if self._reader_thread != threading.get_ident():  # another thread's loop
+            return None
+        return self._reader
+
     def committed_elsewhere(self, changes: ChangeTracker) -> None:
         """Fire the watches a transaction committed by another process on this process's
         behalf touched (``transact_blocking``), at once rather than at the next poll."""
@@ -573,6 +630,9 @@ class SqliteMetaStore(MetaStore):
             return
         self._closed = True
         self._watches.cancel_all()
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._poller is not None:
             self._poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):

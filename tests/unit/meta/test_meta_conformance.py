@@ -368,6 +368,43 @@ async def test_transaction_size_limit(store: MetaStore, space: Subspace) -> None
     assert await dump(store, space) == []
 
 
+# -- read-only transactions ----------------------------------------------------------------
+
+
+async def test_read_sees_what_was_committed(store: MetaStore, space: Subspace) -> None:
+    await put(store, {space.pack("a"): b"1", space.pack("b"): b"2"})
+    begin, end = space.range()
+    got = await store.read(lambda tr: (tr.get(space.pack("a")), tr.get_range(begin, end)))
+    assert got == (b"1", [(space.pack("a"), b"1"), (space.pack("b"), b"2")])
+    await put(store, {space.pack("a"): b"3"})
+    assert await store.read(lambda tr: tr.get(space.pack("a"))) == b"3"
+
+
+@pytest.mark.parametrize("write", ["set", "clear", "add", "clear_range"])
+async def test_a_write_in_a_read_is_refused(store: MetaStore, space: Subspace, write: str) -> None:
+    k = space.pack("k")
+    await put(store, {k: encode_int(1)})
+    begin, end = space.range()
+    ops = {
+        "set": lambda tr: tr.set(k, b"changed"),
+        "clear": lambda tr: tr.clear(k),
+        "add": lambda tr: tr.add(k, 1),
+        "clear_range": lambda tr: tr.clear_range(begin, end),
+    }
+    with pytest.raises(MetaError, match="may not write"):
+        await store.read(ops[write])
+    assert await store.get(k) == encode_int(1)
+
+
+async def test_a_watch_set_in_a_read_fires_on_change(store: MetaStore, space: Subspace) -> None:
+    k = space.pack("watched")
+    await put(store, {k: b"1"})
+    watch = await store.read(lambda tr: tr.watch(k))
+    waiting = await assert_pending(watch)
+    await put(store, {k: b"2"})
+    await asyncio.wait_for(waiting, WAIT)
+
+
 # -- watches --------------------------------------------------------------------------------
 
 

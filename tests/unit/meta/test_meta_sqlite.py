@@ -231,6 +231,51 @@ async def test_watch_sees_commit_from_another_store(tmp_path) -> None:
         await writer.close()
 
 
+async def test_a_read_runs_on_the_loop_and_sees_other_connections_commits(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path}/r.db"
+    reader, writer = open_meta_store(url), open_meta_store(url)
+    try:
+        await writer.transact(lambda tr: tr.set(K, b"1"))
+        threads: list[int] = []
+
+        def fn(tr) -> bytes | None:
+            threads.append(threading.get_ident())
+            return tr.get(K)
+
+        assert await reader.read(fn) == b"1"
+        assert threads == [threading.get_ident()], "the read left the loop's thread"
+        await writer.transact(lambda tr: tr.set(K, b"2"))
+        assert await reader.read(fn) == b"2"
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def test_a_read_answers_while_another_process_holds_the_lock(tmp_path) -> None:
+    path = tmp_path / "locked.db"
+    store = SqliteMetaStore(str(path))
+    await store.transact(lambda tr: tr.set(K, b"x"))
+    try:
+        with meta_store_locked(path):
+            assert await store.read(lambda tr: tr.get(K)) == b"x"
+    finally:
+        await store.close()
+
+
+def test_a_read_from_another_thread_s_loop_takes_the_store_s_thread(tmp_path) -> None:
+    store = SqliteMetaStore(str(tmp_path / "t.db"))
+    asyncio.run(store.transact(lambda tr: tr.set(K, b"v")))
+    asyncio.run(store.read(lambda tr: tr.get(K)))  # the reader belongs to this thread now
+    answers: list[bytes | None] = []
+    other = threading.Thread(
+        target=lambda: answers.append(asyncio.run(store.read(lambda tr: tr.get(K))))
+    )
+    other.start()
+    other.join(10)
+    assert answers == [b"v"]
+    asyncio.run(store.close())
+
+
 async def test_closed_store(tmp_path) -> None:
     store = SqliteMetaStore(str(tmp_path / "x.db"))
     watch = await store.watch(K)

@@ -9,16 +9,15 @@ import functools
 import os
 import signal
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from flowmq_commit import GroupCommit, GroupCommitBatcher, StoreUnavailable, flush_process
 from flowmq_commit.flush_txn import RunCommit
-from flowmq_meta import MetaStore, Transaction, open_meta_store
+from flowmq_meta import MetaStore, Transaction
 from flowmq_meta.keys import SETTINGS
-from flowmq_objstore import ObjectStore, open_object_store
+from flowmq_objstore import ObjectStore
 from tests.fixtures.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
@@ -52,16 +51,6 @@ class PortableLogged(Logged):
 
     def portable(self, group: Any, chunks: list[tuple[int, int, Any]]) -> RunCommit | None:
         return functools.partial(log_chunks, group, chunks)
-
-
-@pytest.fixture
-async def stores(tmp_path: Path) -> AsyncIterator[tuple[MetaStore, ObjectStore]]:
-    # No polling of watches in the test's time: only a commit this process hears of fires them.
-    meta = open_meta_store(f"sqlite:///{tmp_path / 'meta.db'}?poll_interval=600")
-    objects = open_object_store((tmp_path / "objects").as_uri())
-    yield meta, objects
-    await objects.close()
-    await meta.close()
 
 
 @pytest.fixture

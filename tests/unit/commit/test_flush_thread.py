@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from flowmq_commit import (
 from flowmq_commit.refs import ABANDON_GRACE_MS
 from flowmq_meta import MetaStore, Transaction, open_meta_store
 from flowmq_meta.keys import SETTINGS
-from flowmq_objstore import ObjectStore, ObjectStoreError, open_object_store
+from flowmq_objstore import ObjectStore, ObjectStoreError
 from tests.fixtures.waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(30)
@@ -42,15 +41,6 @@ class Stored(GroupCommit):
             tr.set(SETTINGS.pack("test", tag), f"{object_key}|{start}|{end}".encode())
         self.committed.set()
         return [object_key] * len(chunks), len(chunks)
-
-
-@pytest.fixture
-async def stores(tmp_path: Path) -> AsyncIterator[tuple[MetaStore, ObjectStore]]:
-    meta = open_meta_store(f"sqlite:///{tmp_path / 'meta.db'}")
-    objects = open_object_store((tmp_path / "objects").as_uri())
-    yield meta, objects
-    await objects.close()
-    await meta.close()
 
 
 async def test_a_flush_commits_while_the_event_loop_is_blocked(

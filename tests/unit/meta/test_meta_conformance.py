@@ -371,6 +371,17 @@ async def test_transaction_size_limit(store: MetaStore, space: Subspace) -> None
 # -- read-only transactions ----------------------------------------------------------------
 
 
+def change_of(k: bytes, space: Subspace, how: str):
+    """A transaction function changing ``k`` by ``how``: set, clear, add or clear_range."""
+    begin, end = space.range()
+    return {
+        "set": lambda tr: tr.set(k, b"changed"),
+        "clear": lambda tr: tr.clear(k),
+        "add": lambda tr: tr.add(k, 1),
+        "clear_range": lambda tr: tr.clear_range(begin, end),
+    }[how]
+
+
 async def test_read_sees_what_was_committed(store: MetaStore, space: Subspace) -> None:
     await put(store, {space.pack("a"): b"1", space.pack("b"): b"2"})
     begin, end = space.range()
@@ -384,15 +395,8 @@ async def test_read_sees_what_was_committed(store: MetaStore, space: Subspace) -
 async def test_a_write_in_a_read_is_refused(store: MetaStore, space: Subspace, write: str) -> None:
     k = space.pack("k")
     await put(store, {k: encode_int(1)})
-    begin, end = space.range()
-    ops = {
-        "set": lambda tr: tr.set(k, b"changed"),
-        "clear": lambda tr: tr.clear(k),
-        "add": lambda tr: tr.add(k, 1),
-        "clear_range": lambda tr: tr.clear_range(begin, end),
-    }
     with pytest.raises(MetaError, match="may not write"):
-        await store.read(ops[write])
+        await store.read(change_of(k, space, write))
     assert await store.get(k) == encode_int(1)
 
 
@@ -422,14 +426,7 @@ async def test_watch_fires_on_change(store: MetaStore, space: Subspace, change: 
     await store.transact(lambda tr: tr.set(k, encode_int(1)))
     watch = await store.watch(k)
     waiting = await assert_pending(watch)
-    begin, end = space.range()
-    ops = {
-        "set": lambda tr: tr.set(k, b"changed"),
-        "clear": lambda tr: tr.clear(k),
-        "add": lambda tr: tr.add(k, 1),
-        "clear_range": lambda tr: tr.clear_range(begin, end),
-    }
-    await store.transact(ops[change])
+    await store.transact(change_of(k, space, change))
     await asyncio.wait_for(waiting, WAIT)
 
 

@@ -13,9 +13,10 @@ What goes there.  Only flushes whose every run has a ``GroupCommit.portable`` fo
 stream appends: chunks without hooks), on the file store + SQLite, and only once the child is
 up; the others (queues, idempotent producers' chunks) and the flushes meanwhile take the flush
 thread.  Both routes commit in order: a flush that changes route waits for the one before it.
-The child starts on the first portable flush, so a broker that never writes a Stream does
-not pay for it (about 20 MB).  If it dies, its flushes fail as a store outage would (their
-keys are abandoned, nothing is acknowledged) and the next portable flush starts a new one.
+The child starts on the first portable flush (or ``GroupCommitBatcher.warm_up``), so a broker
+without Streams does not pay for it (about 38 MB).  If it dies, its flushes fail as a store
+outage would (their keys are abandoned, nothing is acknowledged) and the next portable flush
+starts a new one; one that keeps dying before it is up is restarted less and less often.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ def encode_frame(message: tuple[Any, ...], body: bytes = b"") -> tuple[bytes, by
     return FRAME.pack(len(data), len(body)), data
 
 
-# A child that died is replaced no sooner than this after the last start.
+# A child that died is replaced no sooner than this after the last start; doubled for each
+# start in a row that never got up, up to the cap.
 RESTART_GAP_S = 5.0
+RESTART_GAP_MAX_S = 300.0
 
 
 class _Pending:
@@ -79,6 +82,7 @@ class FlushProcess:
         self._ready = False
         self._starting = False
         self._last_start = float("-inf")
+        self._failed_starts = 0
         self._closed = False
 
     @classmethod
@@ -104,7 +108,8 @@ class FlushProcess:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not on the loop (yet): the next flush starts it
             return
-        if loop.time() - self._last_start >= RESTART_GAP_S:
+        gap = min(RESTART_GAP_S * 2**self._failed_starts, RESTART_GAP_MAX_S)
+        if loop.time() - self._last_start >= gap:
             self._last_start = loop.time()
             self._starting = True
             loop.create_task(self._start())
@@ -133,6 +138,7 @@ class FlushProcess:
             theirs.close()
             ours.close()
             self._starting = False
+            self._failed_starts = min(self._failed_starts + 1, 16)
 
     # -- jobs ---------------------------------------------------------------------------------
 
@@ -183,6 +189,7 @@ class FlushProcess:
         if kind == "ready":
             self._ready = True
             self._starting = False
+            self._failed_starts = 0
             return
         job = answer[1]
         if kind == "written":
@@ -190,15 +197,17 @@ class FlushProcess:
             if pending is not None:
                 pending.on_written(answer[2])
             return
-        future = self._pending.pop(job).future
+        pending = self._pending.pop(job, None)
         if kind == "done":
             self._meta.committed_elsewhere(answer[3])
-            if not future.done():
-                future.set_result(answer[2])
-        elif not future.done():
-            future.set_exception(answer[2])
+            if pending is not None and not pending.future.done():
+                pending.future.set_result(answer[2])
+        elif pending is not None and not pending.future.done():
+            pending.future.set_exception(answer[2])
 
     def _lost(self, exc: BaseException | None) -> None:
+        if not self._ready:
+            self._failed_starts = min(self._failed_starts + 1, 16)
         self._transport = None
         self._ready = False
         self._starting = False

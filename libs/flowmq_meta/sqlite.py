@@ -510,7 +510,7 @@ class SqliteMetaStore(MetaStore):
         once (the WAL being recovered) goes through ``transact``."""
         conn = self._loop_reader()
         if conn is None:
-            return await self.transact(fn)
+            return await super().read(fn)
         tr = _ReadTransaction(conn, self.path)
         try:
             conn.execute("BEGIN")
@@ -519,7 +519,7 @@ class SqliteMetaStore(MetaStore):
             finally:
                 conn.execute("ROLLBACK")
         except (TransactionConflict, sqlite3.OperationalError):
-            return await self.transact(fn)
+            return await super().read(fn)
         except sqlite3.Error as exc:
             raise MetaError(f"SQLite meta store {self.path}: {exc}") from exc
         finally:
@@ -631,7 +631,8 @@ class SqliteMetaStore(MetaStore):
         self._closed = True
         self._watches.cancel_all()
         if self._reader is not None:
-            self._reader.close()
+            with contextlib.suppress(sqlite3.Error):  # (closed from another thread: GC's)
+                self._reader.close()
             self._reader = None
         if self._poller is not None:
             self._poller.cancel()

@@ -21,7 +21,7 @@ from flowmq_commit import refs
 from flowmq_commit.tasks import DEFAULT_MAINTENANCE, MaintenanceOptions, fault, running_task
 from flowmq_meta import MetaStore, Transaction
 from flowmq_meta.keys import OBJECTS_TO_DELETE
-from flowmq_objstore import ObjectStore
+from flowmq_objstore import ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,9 @@ async def collect_garbage(
     begin, end = OBJECTS_TO_DELETE.range()
     deleted = not_due = failed = 0
     semaphore = asyncio.Semaphore(concurrency)
+    # The deletes that failed this pass: logged once at its end (an object store that refuses
+    # deletes refuses them all, and a line each was thousands a minute).
+    failures: list[tuple[str, Exception]] = []
 
     def claim(tr: Transaction, cursor: bytes) -> tuple[list[str], int, bytes | None]:
         now = options.clock()
@@ -76,10 +79,8 @@ async def collect_garbage(
             try:
                 await objects.delete(object_key)
                 return True
-            except Exception:
-                log.warning(
-                    "GC could not delete object %r; retrying next pass", object_key, exc_info=True
-                )
+            except Exception as exc:
+                failures.append((object_key, exc))
                 return False
 
     cursor: bytes | None = begin
@@ -98,4 +99,14 @@ async def collect_garbage(
                     fault(options.faults, "gc.after_clear")
                 deleted += len(done)
             cursor = next_cursor
+    if failures:
+        object_key, exc = failures[0]
+        log.warning(
+            "GC could not delete %d object(s) (the first, %r: %s); retrying next pass",
+            len(failures),
+            object_key,
+            exc,
+            # A store's refusal says enough in its text; anything else is a bug to trace.
+            exc_info=None if isinstance(exc, ObjectStoreError) else exc,
+        )
     return GcResult(deleted, not_due, failed)

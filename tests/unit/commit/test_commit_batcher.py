@@ -16,6 +16,7 @@ from flowmq_commit import (
     MaintenanceOptions,
     StoreUnavailable,
     collect_garbage,
+    refs,
 )
 from flowmq_commit.refs import ABANDON_GRACE_MS, INTENT, decode_listing, ref_count
 from flowmq_meta import MetaError, Transaction
@@ -694,3 +695,34 @@ async def test_high_water_zero_never_reports_pressure(
     await asyncio.gather(*futures)
     assert heard == [] and not batcher.under_pressure
     await batcher.close()
+
+
+async def test_gc_logs_a_pass_s_failed_deletes_once_and_retries_them(
+    meta: CountingMetaStore,
+    objects: CountingObjectStore,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    keys = [f"segments/gc/{i}" for i in range(5)]
+    for key in keys:
+        await objects.put(key, b"x")
+
+    def listed(tr: Transaction) -> None:
+        for key in keys:
+            refs.mark_for_deletion(tr, key, deadline_ms=0)
+
+    await meta.transact(listed)
+
+    async def refuse(key: str) -> None:
+        raise ObjectStoreError(f"delete {key!r}: Operation not permitted")
+
+    monkeypatch.setattr(objects, "delete", refuse)
+    with caplog.at_level("WARNING", logger="flowmq_commit.gc"):
+        result = await collect_garbage(meta, objects)
+    assert result.failed == 5
+    [record] = [r for r in caplog.records if r.name == "flowmq_commit.gc"]
+    assert "could not delete 5 object(s)" in record.getMessage()
+    assert record.exc_info is None, "a store's refusal needs no traceback"
+    monkeypatch.undo()
+    assert (await collect_garbage(meta, objects)).deleted == 5
+    assert await objects.list() == []

@@ -69,6 +69,18 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _fsync_existing_ancestor(path: str, root: str) -> None:
+    """fsync ``path``, or its nearest ancestor that exists (``root`` at the highest)."""
+    while True:
+        try:
+            _fsync_dir(path)
+            return
+        except FileNotFoundError:
+            if path == root or not path.startswith(root + os.sep):
+                raise
+            path = os.path.dirname(path)
+
+
 class FileObjectStore(ObjectStore):
     """Objects are files under ``root``; a key's ``/`` separators become directories.
 
@@ -264,6 +276,15 @@ class FileObjectStore(ObjectStore):
         try:
             # A deleted segment coming back after a crash would confuse retention and GC.
             _fsync_dir(parent)
+        except FileNotFoundError:
+            # A concurrent delete of the directory's last other file pruned it (empty, so
+            # after our unlink): make that removal durable instead, in the nearest directory
+            # still there; a directory gone for good cannot bring the file back.
+            try:
+                _fsync_existing_ancestor(os.path.dirname(parent), self.root)
+            except OSError as e:
+                raise ObjectStoreError(f"delete {key!r} from {self.url} failed: {e}") from e
+            return
         except OSError as e:
             raise ObjectStoreError(f"delete {key!r} from {self.url} failed: {e}") from e
         # Prune now-empty directories so per-stream/per-partition trees don't pile up;

@@ -380,6 +380,21 @@ async def test_file_delete_prunes_empty_directories(tmp_path: Path) -> None:
     assert await store.get("s/p/0002") == b"3"
 
 
+async def test_file_concurrent_deletes_of_a_directory_s_last_files_all_succeed(
+    tmp_path: Path,
+) -> None:
+    """One delete may prune the directory while another, its file already unlinked, is about
+    to fsync that directory: both deletes succeeded (GC counted the second as failed)."""
+    root = tmp_path / "o"
+    store = FileObjectStore(root)
+    for round_ in range(20):
+        keys = [f"s/{round_}/{i:04d}" for i in range(8)]
+        for key in keys:
+            await store.put(key, b"v")
+        await asyncio.gather(*(store.delete(key) for key in keys))
+        assert not (root / "s" / str(round_)).exists()
+
+
 async def test_file_key_that_is_a_directory(tmp_path: Path) -> None:
     store = FileObjectStore(tmp_path / "o")
     await store.put("a/b", b"v")

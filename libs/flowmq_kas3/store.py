@@ -44,6 +44,10 @@ _FETCH_ATTEMPTS = 3
 # cache, which may evict them: the poll then reads the usual way).
 _RECENT_PER_PARTITION = 4
 _RECENT_PARTITIONS = 4096
+# A long poll over at most this many partitions reads their high watermarks with
+# ``MetaStore.read`` (on the loop's thread with SQLite: tens of microseconds); more go to
+# ``transact``, so that one Fetch of hundreds of partitions never holds the loop for ms.
+_LOOP_READ_PARTITIONS = 16
 
 
 class FetchResult(NamedTuple):
@@ -411,7 +415,10 @@ class StreamStore:
                     return []
                 return [tr.watch(index.hwm_key(p)) for p, _ in parts]
 
-            found = await self.meta.read(check)
+            if len(parts) <= _LOOP_READ_PARTITIONS:
+                found = await self.meta.read(check)
+            else:
+                found = await self.meta.transact(check)
             if found is None:
                 return True
             watches = found

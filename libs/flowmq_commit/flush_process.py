@@ -14,7 +14,7 @@ stream appends: chunks without hooks), on the file store + SQLite, and only once
 up; the others (queues, idempotent producers' chunks) and the flushes meanwhile take the flush
 thread.  Both routes commit in order: a flush that changes route waits for the one before it.
 The child starts on the first portable flush (or ``GroupCommitBatcher.warm_up``), so a broker
-without Streams does not pay for it (about 40 MB).  If it dies, its flushes fail as a store
+without Streams does not pay for it (about 30 MB).  If it dies, its flushes fail as a store
 outage would (their keys are abandoned, nothing is acknowledged) and the next portable flush
 starts a new one; one that keeps dying before it is up is restarted less and less often.
 """

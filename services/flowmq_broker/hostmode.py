@@ -3,8 +3,12 @@
 This module is the supervisor, the parent process; it runs no broker itself.  It starts N
 ``flowmq serve --processes 1 --reuse-port true`` children that
 
-- share the client ports (MQTT, MQTT over WebSocket, Kafka, AMQP, their TLS ports, the HTTP
-  API) through SO_REUSEPORT, so the kernel spreads connections over them;
+- share the client ports: the supervisor accepts the MQTT, Kafka and AMQP connections (plain
+  and TLS) and hands each to the next ready child in turn over a socket pair
+  (``flowmq_broker.listeners.HandedOver``), as Node.js's cluster module does; the kernel's
+  SO_REUSEPORT spreading, still used for MQTT over WebSocket and the HTTP API, hashes each
+  connection, and put all four publishers of a benchmark on one process in 2 rounds of 8
+  (``benchmarks/README.md``, host mode);
 - share the meta store (SQLite in WAL mode is safe for several processes,
   ``flowmq_meta.sqlite``) and the object store, resolved from the data dir given;
 - form a cluster among themselves exactly as separate brokers do: node ids ``<node>-p<i>``
@@ -14,9 +18,11 @@ This module is the supervisor, the parent process; it runs no broker itself.  It
 Invariants and how they are kept:
 
 - A shared port stays ours while the supervisor runs: it binds every shared port itself
-  first (SO_REUSEPORT, never listening, so the kernel gives it no connection), which also
-  turns port 0 into one concrete port for all children, and holds it until it exits.  A
-  restarted child therefore always binds its ports again.
+  first (SO_REUSEPORT), which also turns port 0 into one concrete port for all children, and
+  holds it until it exits.  It listens on the handed-over ones once every child is ready
+  (no child binds them) and never on the others (so the kernel gives it none of their
+  connections).  A restarted child therefore always binds its ports again, and is handed
+  connections again once it is ready.
 - The cluster plane stays closed: without a configured secret (and without ``seeds``, which
   name brokers that have none) the supervisor generates one for the run, as ``flowmq
   cluster`` does, so another process on the host cannot join the children's cluster.
@@ -46,11 +52,19 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 from flowmq_broker.admin_token import load_or_create_token
-from flowmq_broker.listeners import bind_socket, log_admin_api
+from flowmq_broker.listeners import (
+    BACKLOG,
+    HANDOFF_FD_ENV,
+    HANDOFF_MESSAGE,
+    HANDOFF_PORTS_ENV,
+    bind_socket,
+    log_admin_api,
+)
 from flowmq_core.config import BrokerConfig
 
 log = logging.getLogger("flowmq.hostmode")
@@ -68,6 +82,11 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+# The shared ports whose connections the supervisor accepts and hands over (the others are
+# spread by SO_REUSEPORT).
+HANDED_OVER = frozenset({"mqtt", "kafka", "amqp", "mqtt_tls", "kafka_tls", "amqp_tls"})
 
 
 def shared_port_names(config: BrokerConfig) -> list[str]:
@@ -94,6 +113,8 @@ class _Child:
     crashes: int = 0  # in a row
     restart_at: float | None = None
     ready: bool = False
+    # The supervisor's end of the socket pair its connections are handed over on.
+    channel: socket.socket | None = None
 
     @property
     def ports_file(self) -> Path:
@@ -147,6 +168,8 @@ class HostMode:
         # SimpleQueue.put is reentrant: the signal handler may use it.
         self.events: queue.SimpleQueue[int] = queue.SimpleQueue()
         self.stopping = False
+        self._next_child = 0  # where the hand-over's round-robin goes next
+        self._turn = threading.Lock()
 
     # --- set-up ------------------------------------------------------------------------
     def reserve_ports(self) -> None:
@@ -203,6 +226,8 @@ class HostMode:
                 flush=True,
             )
         env["FLOWMQ_ADMIN_TOKEN"] = token
+        handed = [str(port) for name, port in self.ports.items() if name in HANDED_OVER]
+        env[HANDOFF_PORTS_ENV] = ",".join(handed)
         if not self.config.read_cluster_secret() and not cfg.seeds:
             env["FLOWMQ_CLUSTER_SECRET"] = secrets.token_urlsafe(32)
             env.pop("FLOWMQ_CLUSTER_SECRET_FILE", None)
@@ -215,12 +240,21 @@ class HostMode:
         child.ready = False
         child.restart_at = None
         child.started = time.monotonic()
-        child.proc = subprocess.Popen(
-            child.command,
-            env=self.env,
-            process_group=0,
-            preexec_fn=_die_with_supervisor if sys.platform == "linux" else None,
-        )
+        if child.channel is not None:
+            child.channel.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)  # a stopped child must not hold up the others' connections
+        child.channel = ours
+        try:
+            child.proc = subprocess.Popen(
+                child.command,
+                env={**self.env, HANDOFF_FD_ENV: str(theirs.fileno())},
+                pass_fds=(theirs.fileno(),),
+                process_group=0,
+                preexec_fn=_die_with_supervisor if sys.platform == "linux" else None,
+            )
+        finally:
+            theirs.close()
 
     def _exited(self, child: _Child) -> bool:
         return child.proc is not None and child.proc.poll() is not None
@@ -273,6 +307,44 @@ class HostMode:
                     child.ready = True
                     log.info("host mode: %s ready again", child.node_id)
 
+    # --- hand-over ----------------------------------------------------------------------
+    def start_handing_over(self) -> None:
+        """Listen on the handed-over ports and accept on each in a thread of its own."""
+        for name, sock in self.reserved.items():
+            if name in HANDED_OVER:
+                sock.listen(BACKLOG)
+                threading.Thread(
+                    target=self._accept, args=(sock, self.ports[name]), daemon=True
+                ).start()
+
+    def _accept(self, listener: socket.socket, port: int) -> None:
+        header = HANDOFF_MESSAGE.pack(port)
+        while not self.stopping:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                if self.stopping:
+                    return
+                time.sleep(0.05)  # out of descriptors, say: the backlog waits meanwhile
+                continue
+            with conn:
+                self._hand_over(header, conn)
+
+    def _hand_over(self, header: bytes, conn: socket.socket) -> None:
+        """To the next ready child that takes it; if none does, the connection closes."""
+        for _ in range(len(self.children)):
+            with self._turn:
+                child = self.children[self._next_child % len(self.children)]
+                self._next_child += 1
+            channel = child.channel
+            if channel is None or not child.ready:
+                continue
+            try:
+                socket.send_fds(channel, [header], [conn.fileno()])
+                return
+            except OSError:  # gone, or too far behind: the next one
+                continue
+
     def _signalled(self, timeout: float) -> bool:
         try:
             self.events.get(timeout=timeout)
@@ -294,8 +366,14 @@ class HostMode:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for sock in self.reserved.values():
+        for name, sock in self.reserved.items():
+            if name in HANDED_OVER:
+                with contextlib.suppress(OSError):  # wakes its accepting thread
+                    sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+        for child in self.children:
+            if child.channel is not None:
+                child.channel.close()
 
     def write_ports(self) -> None:
         """``<data_dir>/ports.json``: the shared ports (what clients and ``flowmq`` use) and
@@ -328,6 +406,7 @@ class HostMode:
                 self.spawn(child)
             outcome = self.wait_ready()
             if outcome == "ready":
+                self.start_handing_over()
                 self.write_ports()
                 log.info(
                     "host mode: %d processes ready: %s",

@@ -1,7 +1,8 @@
 """Host mode (DESIGN.md §14, docs/operations.md "Host mode"): ``flowmq serve --processes 2`` as
-a real subprocess on free ports.  Its two broker processes share every client port through
-SO_REUSEPORT; each also answers on an HTTP port of its own (``ports.json`` ``processes``),
-which is how the tests see where a connection landed."""
+a real subprocess on free ports.  Its two broker processes share every client port (the
+supervisor hands MQTT, Kafka and AMQP connections to them in turn, the kernel spreads the
+others); each also answers on an HTTP port of its own (``ports.json`` ``processes``), which
+is how the tests see where a connection landed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
+import paho.mqtt.client as mqtt
 import pika
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
@@ -95,16 +97,23 @@ def test_processes_form_one_cluster_behind_the_shared_ports(host):
     assert api(host, host.http, "/health")["node_id"] in nodes
 
 
-def test_many_mqtt_connections_land_on_both_processes(host):
+def test_mqtt_connections_are_spread_evenly_over_the_processes(host):
+    """The supervisor hands connections to the processes in turn: 16 in a row are 8 + 8,
+    where the kernel's SO_REUSEPORT hash made them that even 1 time in 5."""
     clients = []
     try:
         for i in range(16):
             client = Paho(host.ports["mqtt"], f"spread-{i}-{uuid.uuid4().hex[:6]}")
             client.connect()
             clients.append(client)
-        counts = {node: clients_on(host, node, "mqtt") for node in own_http(host)}
-        assert sum(counts.values()) >= 16
-        assert all(count > 0 for count in counts.values()), counts
+        counts = {
+            node: sum(
+                client["client_id"].startswith("spread-")
+                for client in api(host, url, "/clients?protocol=mqtt")
+            )
+            for node, url in own_http(host).items()
+        }
+        assert sorted(counts.values()) == [8, 8], counts
     finally:
         for client in clients:
             client.client.disconnect()
@@ -319,3 +328,47 @@ def test_host_mode_refuses_a_meta_store_of_its_own_per_process(tmp_path):
     code, output = run_broker_expecting_failure(tmp_path, "--processes", "2", "--meta", "memory://")
     assert code == 2
     assert "needs a meta store its processes share" in output
+
+
+def test_tls_connections_are_handed_over_and_their_handshake_done_by_the_process(tmp_path):
+    from tests.fixtures.tls import make_pki
+    from tests.integration.tls.conftest import mqtt_tls_client
+
+    pki = make_pki(tmp_path / "pki")
+    broker = start_broker(
+        tmp_path / "data",
+        "--processes", "2",
+        "--tls-cert", str(pki.server.cert),
+        "--tls-key", str(pki.server.key),
+        timeout=60,
+        ready_mark=HOST_READY,
+    )  # fmt: skip
+    clients = []
+    try:
+        # A client that never completes its handshake takes a turn and fails alone.
+        with socket.create_connection(("127.0.0.1", broker.ports["mqtt_tls"])) as raw:
+            raw.sendall(b"not a TLS ClientHello")
+            raw.settimeout(TIMEOUT)
+            assert raw.recv(1024) is not None  # the process answered or closed it
+        connected: queue.Queue[str] = queue.Queue()
+        for i in range(4):
+            client = mqtt_tls_client(pki, mqtt.MQTTv311, client_id=f"tls-spread-{i}")
+            client.on_connect = lambda c, u, f, rc, p=None, i=i: connected.put(f"{i}:{rc}")
+            client.connect("localhost", broker.ports["mqtt_tls"])
+            client.loop_start()
+            clients.append(client)
+        assert sorted(connected.get(timeout=TIMEOUT) for _ in range(4)) == [
+            f"{i}:Success" for i in range(4)
+        ]
+        counts = {
+            node: sum(
+                c["client_id"].startswith("tls-spread-") for c in api(broker, url, "/clients")
+            )
+            for node, url in own_http(broker).items()
+        }
+        assert sorted(counts.values()) == [2, 2], counts
+    finally:
+        for client in clients:
+            client.disconnect()
+            client.loop_stop()
+        assert broker.stop() == 0

@@ -53,9 +53,16 @@ runs in its one thread, so the bound is also how long a locked file can stall th
 reads; the defaults (1 s and 5 s) keep that short without failing under ordinary contention,
 whose waits are milliseconds.
 
+Reads on the loop.  ``read`` (a transaction that only reads) runs on the event loop's own
+thread with a read-only connection of its own and a busy timeout of 0: WAL readers never wait
+for the writer, and a Fetch's few reads take tens of microseconds there, where the hop to the
+store's thread and back waited for the GIL behind the loop.  A read SQLite cannot answer at
+once, or from another thread's loop, goes through the store's thread.
+
 Watches.  Other processes' commits are invisible to this process, so watched keys are polled
 (one query for all of them, every ``poll_interval`` s, only while watches exist); commits made
-through this store notify watches at once, from the values the transaction wrote.
+through this store notify watches at once, from the values the transaction wrote, and so do
+those the batcher's flush process makes for it (``committed_elsewhere``).
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ class FlushProcess:
         self._pending.clear()
         child, self._child = self._child, None
         if child is not None and not self._closed:  # (closing: it ends once the jobs are done)
-            with contextlib.suppress(OSError, ProcessLookupError):
+            with contextlib.suppress(OSError):  # (gone already)
                 child.kill()
 
     async def close(self) -> None:
@@ -234,7 +234,7 @@ class FlushProcess:
             try:
                 await asyncio.wait_for(child.wait(), 5.0)
             except TimeoutError:
-                with contextlib.suppress(OSError, ProcessLookupError):
+                with contextlib.suppress(OSError):
                     child.kill()
 
 

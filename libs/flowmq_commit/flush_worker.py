@@ -43,7 +43,6 @@ def _read_exactly(reader: BinaryIO, n: int) -> bytes | None:
 
 
 def serve(sock: socket.socket, objects_root: str, meta_url: str) -> None:
-    from flowmq_commit.flush_txn import commit_flush  # noqa: F401 - the pickles name it
     from flowmq_meta.sqlite import SqliteMetaStore
     from flowmq_objstore.file import FileObjectStore
 

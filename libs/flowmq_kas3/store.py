@@ -62,6 +62,11 @@ class PartitionInfo(NamedTuple):
     size_bytes: int
 
 
+def _hooked(chunks: list[tuple[int, int, Any]]) -> bool:
+    """Whether a chunk of the run asks to be checked as it commits (``on_commit``)."""
+    return any(on_commit is not None for _, _, (_, _, on_commit) in chunks)
+
+
 class _PartitionCommit(GroupCommit):
     """All chunks a flush carries for one partition become ONE index entry (they are
     adjacent in the object); each producer gets the base offset of its own chunk."""
@@ -76,12 +81,12 @@ class _PartitionCommit(GroupCommit):
     def commit(
         self, tr: Transaction, group: Partition, object_key: str, chunks: list[tuple[int, int, Any]]
     ) -> tuple[list[Any], int]:
-        if any(on_commit is not None for _, _, (_, _, on_commit) in chunks):
+        if _hooked(chunks):
             return self._commit_checked(tr, group, object_key, chunks)
         return index.append_run(group, chunks, tr, object_key)
 
     def portable(self, group: Partition, chunks: list[tuple[int, int, Any]]) -> RunCommit | None:
-        if any(on_commit is not None for _, _, (_, _, on_commit) in chunks):
+        if _hooked(chunks):
             return None  # its hooks (idempotent producers) live in this process
         return functools.partial(index.append_run, group, chunks)
 

@@ -90,6 +90,7 @@ from flowmq_meta._base import (
 from flowmq_meta.api import (
     MetaError,
     MetaStore,
+    ReadOnlyTransaction,
     RetryLimitExceeded,
     Transaction,
     TransactionConflict,
@@ -232,15 +233,6 @@ class _SqliteTransaction(GuardedTransaction):
         for chunk in _chunks(cleared, _BATCH_ROWS):
             marks = ",".join("?" * len(chunk))
             self._execute(f"DELETE FROM kv WHERE key IN ({marks})", chunk)
-
-
-class _ReadTransaction(_SqliteTransaction):
-    """``SqliteMetaStore.read``'s transaction: reads only."""
-
-    def _refuse(self, *_: Any) -> None:
-        raise MetaError("a read transaction of the meta store may not write")
-
-    _set = _clear = _clear_range = _add = _refuse
 
 
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
@@ -518,11 +510,11 @@ class SqliteMetaStore(MetaStore):
         conn = self._loop_reader()
         if conn is None:
             return await super().read(fn)
-        tr = _ReadTransaction(conn, self.path)
+        tr = _SqliteTransaction(conn, self.path)
         try:
             conn.execute("BEGIN")
             try:
-                result = fn(tr)
+                result = fn(ReadOnlyTransaction(tr))
             finally:
                 conn.execute("ROLLBACK")
         except (TransactionConflict, sqlite3.OperationalError):

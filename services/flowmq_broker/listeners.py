@@ -100,7 +100,7 @@ class HandedOver:
     ) -> None:
         try:
             await asyncio.get_running_loop().connect_accepted_socket(factory, conn, ssl=ssl)
-        except (OSError, ConnectionError) as exc:  # a TLS handshake that failed, a reset
+        except OSError as exc:  # a TLS handshake that failed, a reset
             log.debug("a handed-over connection ended before it started: %s", exc)
             conn.close()
 

@@ -349,7 +349,7 @@ def test_tls_connections_are_handed_over_and_their_handshake_done_by_the_process
         with socket.create_connection(("127.0.0.1", broker.ports["mqtt_tls"])) as raw:
             raw.sendall(b"not a TLS ClientHello")
             raw.settimeout(TIMEOUT)
-            assert raw.recv(1024) is not None  # the process answered or closed it
+            raw.recv(1024)  # answered (an alert) or closed, or socket.timeout fails the test
         connected: queue.Queue[str] = queue.Queue()
         for i in range(4):
             client = mqtt_tls_client(pki, mqtt.MQTTv311, client_id=f"tls-spread-{i}")

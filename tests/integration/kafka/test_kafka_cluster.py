@@ -15,7 +15,10 @@ from tests.integration.kafka.conftest import confluent_conf
 ck = pytest.importorskip("confluent_kafka")
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-PARTITIONS = 8
+# Leaders are rendezvous-hashed over node names that differ each run: with 8 partitions all
+# would land on one of two brokers 1 run in 128; with 32, 1 in 2**31.
+PARTITIONS = 32
+RECORDS = 800
 
 
 def test_two_brokers_share_topics_partitions_and_groups(tmp_path) -> None:
@@ -43,7 +46,7 @@ def test_two_brokers_share_topics_partitions_and_groups(tmp_path) -> None:
             return set(meta.brokers), {p.leader for p in meta.topics["shared"].partitions.values()}
 
         # Each broker refreshes its view of the node table every 2 s; once both have seen
-        # the other, 8 partitions over 2 brokers give each some to lead.
+        # the other, the partitions over 2 brokers give each some to lead.
         deadline = time.monotonic() + 20
         while not (len((seen := view())[0]) == 2 and seen[1] == seen[0]):
             assert time.monotonic() < deadline, seen
@@ -53,7 +56,7 @@ def test_two_brokers_share_topics_partitions_and_groups(tmp_path) -> None:
         producer = ck.Producer(
             {**confluent_conf(first, acks="all", linger_ms=5), "bootstrap.servers": both}
         )
-        for i in range(800):
+        for i in range(RECORDS):
             producer.produce("shared", value=b"r%d" % i, partition=i % PARTITIONS)
         assert producer.flush(15) == 0
 
@@ -67,15 +70,15 @@ def test_two_brokers_share_topics_partitions_and_groups(tmp_path) -> None:
         got = []
         deadline = time.monotonic() + 20
         try:
-            while len(got) < 800 and time.monotonic() < deadline:
+            while len(got) < RECORDS and time.monotonic() < deadline:
                 m = consumer.poll(0.2)
                 if m is not None and m.error() is None:
                     got.append((m.partition(), m.offset(), m.value()))
         finally:
             consumer.close()
-        assert sorted(v for _, _, v in got) == sorted(b"r%d" % i for i in range(800))
+        assert sorted(v for _, _, v in got) == sorted(b"r%d" % i for i in range(RECORDS))
         for p in range(PARTITIONS):
-            assert sorted(o for q, o, _ in got if q == p) == list(range(100))
+            assert sorted(o for q, o, _ in got if q == p) == list(range(RECORDS // PARTITIONS))
     finally:
         second.stop()
         first.stop()

@@ -211,15 +211,19 @@ class OfflineStore:
         done = asyncio.get_running_loop().create_future()
         self._purging[session] = done
         try:
-            held = self._held.get(session, set())
+            # What it holds now, and only that: a reconnect's drain may add what it reads to
+            # ``held`` while the purge runs (the same session resumed on this node), and
+            # those messages are not sent yet.
+            held = frozenset(self._held.get(session, ()))
             foreign = await self.engine.ready_count(namespace, name) > len(held)
             if not foreign:
                 # Only what this session holds: a message another node stores for it after
                 # the count (it holds the session too, for a moment, around a takeover or a
                 # node declared dead while alive) stays, and is sent at the next look.
                 await self.engine.purge_seqs(namespace, name, held)
-                self._held.pop(session, None)
-                self._acked.pop(session, None)
+                for seqs in (self._held.get(session), self._acked.get(session)):
+                    if seqs is not None:
+                        seqs.difference_update(held)
                 return True
         finally:
             del self._purging[session]

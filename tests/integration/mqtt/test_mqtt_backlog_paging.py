@@ -7,6 +7,8 @@ the client acknowledged leaves the store as it goes, what it did not survives a 
 from __future__ import annotations
 
 from flowmq_broker.mqtt.offline import PAGE_MESSAGES
+from flowmq_broker.queues import session_queue_name
+from flowmq_core.message import Message
 from flowmq_wire.mqtt.packets import Puback, Publish, SubscriptionOptions
 from tests.fixtures.broker_process import start_broker
 
@@ -136,3 +138,45 @@ def test_a_crash_mid_drain_loses_nothing_unacknowledged_and_resends_little_ackno
         assert "Traceback" not in "".join(proc.output)
     finally:
         proc.stop()
+
+
+def test_an_idle_sessions_purge_leaves_what_was_read_while_it_ran(inproc_broker, uid):
+    """The purge of a connected, idle session's queue drops what the session held when it
+    began, not what a drain read into it meanwhile (a reconnect to the same node): those
+    messages are not sent yet, and dropped from the store they were lost if the client left
+    again before they went out."""
+    tb = inproc_broker
+    client_id = f"idle-{uid}"
+    client = RawClient(tb.ports["mqtt"], 5)
+    client.connect(client_id, clean_start=False, properties=AWAY)
+    client.subscribe((f"idle/{uid}", SubscriptionOptions(qos=1)))
+    offline = tb.broker.mqtt.offline
+    engine = offline.engine
+    session = tb.call(lambda: tb.broker.mqtt.sessions[("default", client_id)])
+    queue = session_queue_name(client_id)
+    read_meanwhile: list[int] = []
+    count = engine.ready_count
+
+    async def count_then_read(namespace: str, name: str) -> int:
+        ready = await count(namespace, name)
+        # Stored for the session after the count (by another node, around a takeover), and
+        # read by its drain into what it holds, before the purge.
+        message = Message(f"idle/{uid}", b"not sent yet", qos=1)
+        stored = await engine.enqueue(namespace, name, message, offline.options)
+        offline._held.setdefault(session, set()).add(stored.seq)
+        read_meanwhile.append(stored.seq)
+        return ready
+
+    # What the session holds (its copies: none left to purge here).
+    tb.call(lambda: offline._held.setdefault(session, set()))
+    engine.ready_count = count_then_read
+    try:
+        assert tb.run(offline._purge_if_all_held(session))
+    finally:
+        del engine.ready_count
+    left = tb.run(engine.peek("default", queue, 10))
+    assert [(seq, message.payload) for seq, _, message in left] == [
+        (read_meanwhile[0], b"not sent yet")
+    ]
+    assert tb.call(lambda: offline._held.get(session)) == set(read_meanwhile)
+    client.disconnect()

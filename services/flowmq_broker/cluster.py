@@ -210,6 +210,7 @@ class ClusterRouting:
         # Dead nodes whose routes are kept (and refused) until cleared: node -> token or None
         self._dead: dict[str, str | None] = {}
         self._reloading: dict[str, asyncio.Task[None]] = {}
+        self._reload_again: set[str] = set()  # asked for while a reload was under way
         self._live: dict[str, tuple[str, int]] = {}  # node -> link address
         self._turn = itertools.count()
         self._poll = PeriodicTask("route-anti-entropy", ANTI_ENTROPY_S, self.anti_entropy)
@@ -710,12 +711,27 @@ class ClusterRouting:
             self._reload_soon(node)
 
     def _reload_soon(self, node: str) -> asyncio.Task[None]:
+        """Read ``node``'s routes afresh: the task is done once a read that began after this
+        call is applied.  A reload already under way read what may be older than what the
+        caller must see (the routes a peer awaits before letting a session go to ``node``,
+        or an adopter's written before it cleared a dead node's): it reads again when done.
+        Taken as fresh, a peer let its route go while this node still had ``node``'s old
+        ones, and acknowledged what matched neither without storing it."""
         task = self._reloading.get(node)
         if task is None:
-            task = asyncio.get_running_loop().create_task(self._reload(node))
+            task = asyncio.get_running_loop().create_task(self._reload_until_fresh(node))
             self._reloading[node] = task
             task.add_done_callback(lambda _: self._reloading.pop(node, None))
+        else:
+            self._reload_again.add(node)
         return task
+
+    async def _reload_until_fresh(self, node: str) -> None:
+        while True:
+            self._reload_again.discard(node)
+            await self._reload(node)
+            if node not in self._reload_again:
+                return
 
     async def _read_routes(self, node: str) -> tuple[dict[str, Any] | None, set[Any]]:
         """``node``'s route version (None: it has none) and routes, as the meta store has

@@ -445,3 +445,38 @@ async def test_a_live_nodes_routes_cleared_by_a_survivor_stay_until_it_rejoins(n
     await b.cluster._reload_soon("c")
     assert b.cluster._applied["c"][0] == c.cluster.token
     assert all(seen) and b.cluster.nodes_matching("default", "p/1") == {"c"}
+
+
+async def test_routes_read_while_a_reload_is_under_way_are_read_again(nodes):
+    """A peer asked to read a node's routes (before a session is let go to that node) must
+    apply a read that began after it was asked: the reload already under way read what was
+    there before, and answered from it, the peer routed the session's topics nowhere once
+    the holder let go (issue #11: acknowledged, not stored)."""
+    _, b, c, meta = nodes
+    reads: list[str] = []
+    release = asyncio.Event()
+    read_routes = c.cluster._read_routes
+
+    async def slow_first_read(node: str) -> Any:
+        found = await read_routes(node)  # read now…
+        reads.append(node)
+        if len(reads) == 1:
+            await release.wait()  # …and slow to come back
+        return found
+
+    c.cluster._read_routes = slow_first_read
+    under_way = c.cluster._reload_soon("b")
+    await wait_until_async(lambda: reads == ["b"], 5)
+    # b's session's route, written after that read began (its push did not reach c).
+    seq = b.cluster._seq + 1
+    await meta.transact(lambda tr: (
+        tr.set(keys.ROUTES.pack("b", "default", "moved/#"), b""),
+        tr.set(keys.ROUTE_VERSIONS.pack("b"),
+               json.dumps({"token": b.cluster.token, "seq": seq}).encode()),
+    ))  # fmt: skip
+    asked = asyncio.ensure_future(c.cluster.routes_read("b"))
+    await asyncio.sleep(0)  # one turn: it asks for the reload while the first is under way
+    release.set()
+    assert await asyncio.wait_for(asked, 5)
+    assert c.cluster.nodes_matching("default", "moved/1") == {"b"}
+    await under_way

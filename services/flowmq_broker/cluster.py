@@ -209,8 +209,9 @@ class ClusterRouting:
         self._applied: dict[str, tuple[str, int]] = {}  # node -> (token, seq)
         # Dead nodes whose routes are kept (and refused) until cleared: node -> token or None
         self._dead: dict[str, str | None] = {}
-        self._reloading: dict[str, asyncio.Task[None]] = {}
-        self._reload_again: set[str] = set()  # asked for while a reload was under way
+        # Route reads of each node: the one under way, and the one asked for meanwhile.
+        self._reloading: dict[str, list[asyncio.Future[None]]] = {}
+        self._reload_tasks: set[asyncio.Task[None]] = set()
         self._live: dict[str, tuple[str, int]] = {}  # node -> link address
         self._turn = itertools.count()
         self._poll = PeriodicTask("route-anti-entropy", ANTI_ENTROPY_S, self.anti_entropy)
@@ -710,28 +711,38 @@ class ClusterRouting:
         if node in self._live and (applied is None or applied[0] != token or applied[1] < seq):
             self._reload_soon(node)
 
-    def _reload_soon(self, node: str) -> asyncio.Task[None]:
-        """Read ``node``'s routes afresh: the task is done once a read that began after this
-        call is applied.  A reload already under way read what may be older than what the
-        caller must see (the routes a peer awaits before letting a session go to ``node``,
-        or an adopter's written before it cleared a dead node's): it reads again when done.
-        Taken as fresh, a peer let its route go while this node still had ``node``'s old
-        ones, and acknowledged what matched neither without storing it."""
-        task = self._reloading.get(node)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._reload_until_fresh(node))
-            self._reloading[node] = task
-            task.add_done_callback(lambda _: self._reloading.pop(node, None))
-        else:
-            self._reload_again.add(node)
-        return task
+    def _reload_soon(self, node: str) -> asyncio.Future[None]:
+        """Read ``node``'s routes afresh: done once a read that began after this call is
+        applied.  A read already under way may be older than what the caller must see (the
+        routes a peer awaits before it lets a session go to ``node``, or an adopter's written
+        before it cleared a dead node's): the next read, begun once it is done, answers this
+        call.  Taken as fresh, a peer let its route go while this node still had ``node``'s
+        old ones, and acknowledged what matched neither without storing it."""
+        rounds = self._reloading.get(node)
+        if rounds is None:  # none under way: one begins now
+            loop = asyncio.get_running_loop()
+            rounds = self._reloading[node] = [loop.create_future()]
+            task = loop.create_task(self._reload_rounds(node, rounds))
+            self._reload_tasks.add(task)  # held: the loop keeps only a weak reference
+            task.add_done_callback(self._reload_tasks.discard)
+        elif len(rounds) == 1:  # one under way: the next begins once it is done
+            rounds.append(asyncio.get_running_loop().create_future())
+        return rounds[-1]
 
-    async def _reload_until_fresh(self, node: str) -> None:
-        while True:
-            self._reload_again.discard(node)
-            await self._reload(node)
-            if node not in self._reload_again:
-                return
+    async def _reload_rounds(self, node: str, rounds: list[asyncio.Future[None]]) -> None:
+        """Read ``node``'s routes until no caller waits for a later read than the last."""
+        try:
+            while rounds:
+                await self._reload(node)
+                done = rounds.pop(0)
+                if not done.done():
+                    done.set_result(None)
+        finally:
+            for waiting in rounds:  # cancelled (stop): release whoever waits
+                if not waiting.done():
+                    waiting.set_result(None)
+            if self._reloading.get(node) is rounds:
+                del self._reloading[node]
 
     async def _read_routes(self, node: str) -> tuple[dict[str, Any] | None, set[Any]]:
         """``node``'s route version (None: it has none) and routes, as the meta store has

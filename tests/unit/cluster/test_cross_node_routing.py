@@ -480,3 +480,30 @@ async def test_routes_read_while_a_reload_is_under_way_are_read_again(nodes):
     assert await asyncio.wait_for(asked, 5)
     assert c.cluster.nodes_matching("default", "moved/1") == {"b"}
     await under_way
+
+
+async def test_a_reload_asked_for_first_is_done_without_waiting_for_later_ones(nodes):
+    """Reads asked for while one is under way are served by one later read, and whoever
+    asked before waits for no more than the read under way."""
+    _, _, c, _ = nodes
+    reads: list[asyncio.Event] = []
+    read_routes = c.cluster._read_routes
+
+    async def gated_read(node: str) -> Any:
+        found = await read_routes(node)
+        reads.append(gate := asyncio.Event())
+        await gate.wait()
+        return found
+
+    c.cluster._read_routes = gated_read
+    first = c.cluster._reload_soon("b")
+    await wait_until_async(lambda: len(reads) == 1, 5)
+    second, third = c.cluster._reload_soon("b"), c.cluster._reload_soon("b")
+    assert second is third and second is not first  # one later read for both
+    reads[0].set()
+    await asyncio.wait_for(first, 5)
+    await wait_until_async(lambda: len(reads) == 2, 5)  # the later read began…
+    assert not second.done()  # …and they wait for it
+    reads[1].set()
+    await asyncio.wait_for(second, 5)
+    assert len(reads) == 2

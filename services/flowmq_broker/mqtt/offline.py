@@ -221,9 +221,12 @@ class OfflineStore:
                 # the count (it holds the session too, for a moment, around a takeover or a
                 # node declared dead while alive) stays, and is sent at the next look.
                 await self.engine.purge_seqs(namespace, name, held)
-                for seqs in (self._held.get(session), self._acked.get(session)):
+                for kept in (self._held, self._acked):
+                    seqs = kept.get(session)
                     if seqs is not None:
                         seqs.difference_update(held)
+                        if not seqs:  # (an idle session keeps no empty set)
+                            del kept[session]
                 return True
         finally:
             del self._purging[session]

@@ -18,6 +18,7 @@ waited and whether a commit woke it or its ``max_wait_ms`` ran out.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -202,6 +203,48 @@ def patch() -> dict[str, Any]:
         return r
 
     KS.StreamStore.wait_for_any = wait_for_any
+
+    # Every Fetch (its arrival and its answer): the consumer's cadence, and how long the
+    # broker takes over one that is answered at once.
+    import flowmq_broker.kafka.server as KSV
+
+    fetches = T["fetches"] = []
+    for i, (key, low, high, handler) in enumerate(KSV.API_TABLE):
+        if key == 1:
+
+            async def traced_fetch(ctx: Any, req: Any, _handler: Any = handler) -> Any:
+                t = ns()
+                answer = await _handler(ctx, req)
+                fetches.append((t, ns()))
+                return answer
+
+            KSV.API_TABLE[i] = (key, low, high, traced_fetch)
+
+    # What a Fetch's reads cost beyond the loop: a meta read the loop's own connection could
+    # not answer (it takes the store's thread), an object GET (a page cache miss).
+    import flowmq_meta.api as MA
+    import flowmq_objstore.file as OF
+
+    slow_reads = T["meta reads on the store's thread"] = []
+    orig_read = MA.MetaStore.read
+
+    async def base_read(self: Any, fn: Any) -> Any:
+        t = ns()
+        out = await orig_read(self, fn)
+        slow_reads.append((t, ns()))
+        return out
+
+    MA.MetaStore.read = base_read
+    gets = T["object GETs"] = []
+    orig_get = OF.FileObjectStore.get
+
+    async def get(self: Any, key: str, start: int = 0, end: Any = None) -> bytes:
+        t = ns()
+        out = await orig_get(self, key, start, end)
+        gets.append((t, ns()))
+        return out
+
+    OF.FileObjectStore.get = get
     return T
 
 
@@ -290,6 +333,33 @@ def analyse(trace: dict[str, Any], latencies: list[float], stream: str) -> dict[
         pct(timed, 0.99),
         len(timed),
     )
+    fetches = [f for f in trace.get("fetches", []) if first <= f[0] <= last]
+    if fetches:
+        spans = [(b - a) / 1e6 for a, b in fetches]
+        quick = [d for d in spans if d < 1.0]  # answered without a long poll, mostly
+        out["fetches: arrival -> answer"] = (
+            statistics.mean(spans),
+            pct(spans, 0.5),
+            pct(spans, 0.99),
+            len(spans),
+        )
+        out["fetches under 1 ms: arrival -> answer"] = (
+            statistics.mean(quick),
+            pct(quick, 0.5),
+            pct(quick, 0.99),
+            len(quick),
+        )
+        gaps = [(c - b) / 1e6 for (_, b), (c, _) in itertools.pairwise(fetches)]
+        out["fetch answer -> next fetch arrives"] = (
+            statistics.mean(gaps),
+            pct(gaps, 0.5),
+            pct(gaps, 0.99),
+            len(gaps),
+        )
+    for name in ("meta reads on the store's thread", "object GETs"):
+        spans = [(b - a) / 1e6 for a, b in trace.get(name, []) if first <= a <= last]
+        if spans:
+            out[name] = (statistics.mean(spans), pct(spans, 0.5), pct(spans, 0.99), len(spans))
     sizes = [f["n"] for f in flushes if "resolved" in f]
     out["msgs per flush"] = (statistics.mean(sizes), pct(sizes, 0.5), pct(sizes, 0.99), len(sizes))
     return out

@@ -119,6 +119,14 @@ class GroupCommit(abc.ABC):
         budget).  Called when a group is first submitted, so a bad entry fails only its own
         submitter, never the flush it would have shared with others."""
 
+    def before_commit(  # noqa: B027 - optional hook
+        self, group: Any, object_key: str, start: int, end: int, data: bytes
+    ) -> None:
+        """On the event loop before the flush's object is written and its transaction can
+        commit: what a reader needs that sees the commit before ``after_commit`` runs (the
+        commit is made in another thread or process, and readers on the loop see it as soon
+        as it is made).  The flush may still fail: nothing then points at the object."""
+
     def after_commit(  # noqa: B027 - optional hook
         self, group: Any, results: list[Any], object_key: str, start: int, end: int, data: bytes
     ) -> None:
@@ -771,6 +779,9 @@ class GroupCommitBatcher:
                 return
             plan: _Plan | None = None
             stages = [started, started]  # when the write started, when it ended
+            datas = [_run_data(run, body) for run in runs]
+            for run, data in zip(runs, datas, strict=True):
+                _before_commit(run, key, data)
             try:
                 fault(self._faults, "flush.before_put")
                 if thread is not None:
@@ -835,8 +846,8 @@ class GroupCommitBatcher:
             FLUSH_PUT.observe(stages[1] - stages[0])
             FLUSH_COMMIT.observe(committed - stages[1])
             FLUSH_TOTAL.observe(committed - started)
-            for run, run_results in zip(runs, results, strict=True):
-                _after_commit(run, run_results, key, body)
+            for run, run_results, data in zip(runs, results, datas, strict=True):
+                _after_commit(run, run_results, key, data)
                 _resolve(run, run_results)
             if self.resolved_listeners:
                 # Queued after the futures' callbacks, so it runs right after them.
@@ -955,10 +966,21 @@ def _layout(items: list[_Item]) -> tuple[list[_Run], bytes]:
     return runs, b"".join(parts)
 
 
-def _after_commit(run: _Run, results: list[Any], key: str, body: bytes) -> None:
+def _run_data(run: _Run, body: bytes) -> bytes:
+    """The run's bytes of the object: a copy, not a view of the body (a cached view would
+    pin the whole object)."""
+    return run.items[0].data if len(run.items) == 1 else body[run.start : run.end]
+
+
+def _before_commit(run: _Run, key: str, data: bytes) -> None:
     try:
-        # A copy, not a view of the body: a cached view would pin the whole object.
-        data = run.items[0].data if len(run.items) == 1 else body[run.start : run.end]
+        run.commit.before_commit(run.group, key, run.start, run.end, data)
+    except Exception:
+        log.exception("kas3 before-commit callback failed")
+
+
+def _after_commit(run: _Run, results: list[Any], key: str, data: bytes) -> None:
+    try:
         run.commit.after_commit(run.group, results, key, run.start, run.end, data)
     except Exception:
         log.exception("kas3 after-commit callback failed")

@@ -124,6 +124,14 @@ class _PartitionCommit(GroupCommit):
         close_stretch()
         return results, entries
 
+    def before_commit(
+        self, group: Partition, object_key: str, start: int, end: int, data: bytes
+    ) -> None:
+        # Cached before the index can point at it: the commit is made off the loop, and a
+        # Fetch on the loop that read the new index entry before ``after_commit`` ran read
+        # the chunk back from the object store (a third of the Fetches at 10k msgs/s).
+        self._store.page_cache.put((object_key, start, end), data, len(data))
+
     def after_commit(
         self,
         group: Partition,

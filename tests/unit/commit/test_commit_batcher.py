@@ -443,12 +443,18 @@ class RecordingGroupCommit(GroupCommit):
 
     def __init__(self) -> None:
         self.calls: list[tuple[object, str, list[tuple[int, int, object]]]] = []
+        self.before: list[tuple[object, str, int, int, bytes]] = []
+        self.before_at_commit: list[list[object]] = []  # groups told, as each commit ran
         self.after: list[tuple[object, list, int, int, bytes]] = []
 
     def commit(self, tr, group, object_key, chunks):
         self.calls.append((group, object_key, chunks))
+        self.before_at_commit.append([g for g, key, *_ in self.before if key == object_key])
         tr.set(SETTINGS.pack("group", str(group)), object_key.encode())
         return [ctx for _, _, ctx in chunks], 1
+
+    def before_commit(self, group, object_key, start, end, data) -> None:
+        self.before.append((group, object_key, start, end, bytes(data)))
 
     def after_commit(self, group, results, object_key, start, end, data) -> None:
         self.after.append((group, results, start, end, bytes(data)))
@@ -474,6 +480,12 @@ async def test_group_commit_is_called_once_per_group_per_flush(
     for group, results, start, end, data in gc.after:
         assert data == body[start:end]
         assert results == [i for i in range(9) if f"g{i % 3}" == group]
+    # Each run's bytes were handed over before the transaction that indexes them ran (a
+    # reader that sees the commit before ``after_commit`` finds them in the page cache).
+    assert sorted((g, s, e, d) for g, _, s, e, d in gc.before) == sorted(
+        (g, s, e, d) for g, _, s, e, d in gc.after
+    )
+    assert all(sorted(told) == ["g0", "g1", "g2"] for told in gc.before_at_commit)
     # 3 group entries + 1 entry of the other commit point into the object
     assert await meta.inner.transact(lambda tr: ref_count(tr, key)) == 4
     await batcher.close()

@@ -13,7 +13,9 @@ start, the flush's stages (in the flush thread: hand-off to it, write + fdatasyn
 the meta thread and the transaction with its COMMIT, hand-off back to the loop; or in the
 flush process: sent to it, its answers as the loop reads them), resolved on the loop (the PUBACK goes out in the next callbacks), then commit → the first Fetch answer that
 carries the message, and the consumer's receive - send.  Per Fetch: how long each long poll
-waited and whether a commit woke it or its ``max_wait_ms`` ran out.
+waited and whether a commit woke it or its ``max_wait_ms`` ran out; every Fetch's arrival →
+answer and the consumer's turnaround to the next; the meta reads that took the store's
+thread and the object GETs (page cache misses) on the way.
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ class _PartitionCommit(GroupCommit):
         end: int,
         data: bytes,
     ) -> None:
-        self._store._committed(group, (object_key, start, end), data, results)
+        self._store._committed(group, (object_key, start, end), results)
 
 
 class StreamStore:
@@ -223,9 +223,9 @@ class StreamStore:
                 futures.append(_failed(exc))
         return list(await asyncio.gather(*futures, return_exceptions=return_exceptions))
 
-    def _committed(self, p: Partition, location: RangeKey, data: bytes, results: list[Any]) -> None:
+    def _committed(self, p: Partition, location: RangeKey, results: list[Any]) -> None:
+        # (the chunk went into the page cache before the commit: ``before_commit``)
         self._commits += 1
-        self.page_cache.put(location, data, len(data))
         waiters = self._waiters.pop(p, None)
         if waiters or p in self._recent:
             self._remember(p, location, results)

@@ -20,6 +20,7 @@ put every publisher of a benchmark on one process in 2 rounds of 8.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 import os
@@ -71,6 +72,10 @@ class HandedOver:
             asyncio.get_running_loop().add_reader(self._sock.fileno(), self._receive)
         return _HandedOverServer(self, port)
 
+    def stop_serving(self, port: int) -> None:
+        """Connections handed over for ``port`` from now on are closed."""
+        self._served.pop(port, None)
+
     def _receive(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -113,23 +118,16 @@ class _HandedOverServer:
         self._port = port
 
     def close(self) -> None:
-        self._handed_over._served.pop(self._port, None)
+        self._handed_over.stop_serving(self._port)
 
     async def wait_closed(self) -> None:
         return None
 
 
-_handed_over: HandedOver | None = None
-_handed_over_read = False
-
-
+@functools.cache
 def handed_over() -> HandedOver | None:
     """This process's hand-over from host mode's supervisor, if it has one."""
-    global _handed_over, _handed_over_read
-    if not _handed_over_read:
-        _handed_over_read = True
-        _handed_over = HandedOver.from_environment()
-    return _handed_over
+    return HandedOver.from_environment()
 
 
 async def listen(

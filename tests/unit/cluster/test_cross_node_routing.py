@@ -475,7 +475,8 @@ async def test_routes_read_while_a_reload_is_under_way_are_read_again(nodes):
                json.dumps({"token": b.cluster.token, "seq": seq}).encode()),
     ))  # fmt: skip
     asked = asyncio.ensure_future(c.cluster.routes_read("b"))
-    await asyncio.sleep(0)  # one turn: it asks for the reload while the first is under way
+    # It asks for a reload while the first is under way: a second read is waited for.
+    await wait_until_async(lambda: len(c.cluster._reloading.get("b", ())) == 2, 5)
     release.set()
     assert await asyncio.wait_for(asked, 5)
     assert c.cluster.nodes_matching("default", "moved/1") == {"b"}

@@ -45,8 +45,11 @@ TOKEN = "groupmoves"
 PARTITIONS = 4
 SESSION_MS = 45_000
 # Back at "c": the brokers' views follow gossip within a few seconds, then one round of
-# rejoins.  Waiting out the stale members' sessions takes about SESSION_MS minus the pause.
+# rejoins.  Waiting out the stale members' sessions ends no earlier than SESSION_MS after the
+# pause began, less one heartbeat: the test allows up to just before that, and never less
+# than BACK_S after the resume (a long pause on a busy machine leaves little of the session).
 BACK_S = 15.0
+HEARTBEAT_S = 1.0
 POLL_S = 0.2
 
 
@@ -112,7 +115,7 @@ def test_a_group_back_at_its_paused_coordinator_rebalances_without_waiting_out_s
         group_id=group,
         auto_offset_reset="earliest",
         session_timeout_ms=SESSION_MS,
-        heartbeat_interval_ms=1000,
+        heartbeat_interval_ms=int(HEARTBEAT_S * 1000),
     )  # fmt: skip
     members = [Member(conf, topic) for _ in range(2)]
     try:
@@ -129,6 +132,7 @@ def test_a_group_back_at_its_paused_coordinator_rebalances_without_waiting_out_s
             return sum(kafka_requests(b, "SyncGroup") for b in survivors)
 
         syncs_before = survivor_syncs()
+        paused_at = time.monotonic()
         pause(c.proc)
         # Both members synced at a survivor: the group runs there (consuming alone says
         # nothing: a member fetches from the partitions' leaders without its coordinator).
@@ -146,13 +150,17 @@ def test_a_group_back_at_its_paused_coordinator_rebalances_without_waiting_out_s
         os.kill(c.proc.pid, signal.SIGCONT)
         resumed, back_at = time.monotonic(), producer.sent
         syncs_at_c = kafka_requests(c, "SyncGroup")
+        stale_sessions_end = paused_at + SESSION_MS / 1000 - HEARTBEAT_S
         wait_until(
             lambda: kafka_requests(c, "SyncGroup") > syncs_at_c and all_consume_past(back_at),
-            BACK_S,
+            max(BACK_S, stale_sessions_end - 1 - resumed),
             POLL_S,
             "the group rebalanced at c and both members consume again",
         )
-        print(f"back at c and consuming {time.monotonic() - resumed:.1f} s after SIGCONT")
+        print(
+            f"back at c and consuming {time.monotonic() - resumed:.1f} s after SIGCONT,"
+            f" paused {resumed - paused_at:.1f} s"
+        )
         assert group_coordinator_now(a, group) == "c"
     finally:
         producer.stop.set()

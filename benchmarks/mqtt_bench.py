@@ -344,7 +344,8 @@ def run_load(broker: Broker, load: Load, args: argparse.Namespace, tag: str, wor
     pub_specs: dict[str, tuple[int, lg.PubSpec]] = {}
     sub_specs: dict[str, tuple[int, lg.SubSpec]] = {}
     expected = []
-    procs = []
+    pub_procs: list = []
+    sub_procs: list = []
     for c in range(copies):
         port = broker.ports[c % len(broker.ports)]
         base = f"bench/{tag}/{load.key}/{broker.key}/c{c}"
@@ -373,7 +374,7 @@ def run_load(broker: Broker, load: Load, args: argparse.Namespace, tag: str, wor
                 cafile=broker.cafile,
             )
             pub_specs[name] = (c, spec)
-            procs.append(ctx.Process(target=lg.publisher, args=(spec, go, go_time, exp, out)))
+            pub_procs.append(ctx.Process(target=lg.publisher, args=(spec, go, go_time, exp, out)))
         groups = min(load.subs, args.sub_procs) if not load.paced else 1
         ids = [f"{tag}{load.key}{broker.key}c{c}s{j}" for j in range(load.subs)]
         for g in range(groups):
@@ -395,21 +396,24 @@ def run_load(broker: Broker, load: Load, args: argparse.Namespace, tag: str, wor
                 persistent=args.persistent,
             )
             sub_specs[name] = (c, spec)
-            procs.append(ctx.Process(target=lg.subscriber, args=(spec, go, go_time, exp, out)))
-    for p in procs:
-        p.daemon = True
-        p.start()
-        workers.append(p)
+            sub_procs.append(ctx.Process(target=lg.subscriber, args=(spec, go, go_time, exp, out)))
     result: dict = {"load": load.key, "broker": broker.key, "errors": []}
     finished = False
     try:
-        waiting = set(pub_specs) | set(sub_specs)
-        deadline = time.monotonic() + lg.READY_TIMEOUT_S
-        while waiting:
-            kind, name, value = out.get(timeout=max(0.1, deadline - time.monotonic()))
-            if kind == "result":  # only errors come before "go"
-                raise RuntimeError(f"{name}: {value.get('error', value)}")
-            waiting.discard(name)
+        # Subscribers connect first, then publishers: a host-mode supervisor hands connections
+        # to its processes in turn, so the publishers spread over them evenly (started
+        # together, all four publishers of 4→4 landed on one of two processes in some rounds).
+        for group, names in ((sub_procs, set(sub_specs)), (pub_procs, set(pub_specs))):
+            for p in group:
+                p.daemon = True
+                p.start()
+                workers.append(p)
+            deadline = time.monotonic() + lg.READY_TIMEOUT_S
+            while names:
+                kind, name, value = out.get(timeout=max(0.1, deadline - time.monotonic()))
+                if kind == "result":  # only errors come before "go"
+                    raise RuntimeError(f"{name}: {value.get('error', value)}")
+                names.discard(name)
         cpu0 = broker.cpu_seconds()
         dropped0 = broker.dropped()
         start = time.monotonic() + 0.2
@@ -440,6 +444,7 @@ def run_load(broker: Broker, load: Load, args: argparse.Namespace, tag: str, wor
         dropped1 = broker.dropped()
         finished = True
     finally:  # on an error or an interrupt, do not wait for the workers' own deadlines
+        procs = [p for p in sub_procs + pub_procs if p.pid is not None]  # those started
         for p in procs:
             if finished:
                 p.join(5)

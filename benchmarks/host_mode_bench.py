@@ -198,9 +198,11 @@ def _sched_times(pid: int) -> tuple[float, float]:
 
 
 def _workers(result: dict) -> str:
-    """Each load-generator process's CPU (cores, the kernel's share in parentheses)."""
+    """Each load-generator process's CPU (cores, the kernel's share in parentheses), and a
+    subscriber's mean read (what a read's cost is spread over)."""
     return ", ".join(
         f"{name.split('-', 1)[1]} {w['cpu']:.2f} ({w['sys']:.2f})"
+        + (f" {w['bytes_per_read'] / 1024:.0f} KiB/read" if w.get("bytes_per_read") else "")
         for name, w in sorted(result["workers"].items())
     )
 

@@ -508,6 +508,7 @@ def run_load(broker: Broker, load: Load, args: argparse.Namespace, tag: str, wor
             "cpu_s": r["cpu"],
             "cpu": r["cpu"] / max(r["wall"], 1e-9),
             "sys": r.get("sys", 0.0) / max(r["wall"], 1e-9),
+            "bytes_per_read": r["read_bytes"] / r["reads"] if r.get("reads") else None,
         }
         for name, r in results.items()
         if "error" not in r

@@ -491,6 +491,7 @@ def _receive(socks: list[socket.socket], spec: SubSpec, start: float, expected) 
     exp_seen = None
     now, now_ns = time.monotonic, time.monotonic_ns
     open_socks = k
+    reads = read_bytes = 0  # what the reads cost depends on how much each gets
     nap = spec.nap if counting_bytes else 0.0  # QoS 1: PUBACKs pace the broker, never wait
     while open_socks:
         events = sel.select(0.1)
@@ -519,6 +520,8 @@ def _receive(socks: list[socket.socket], spec: SubSpec, start: float, expected) 
                 open_socks -= 1
                 continue
             arrived = True
+            reads += 1
+            read_bytes += n
             if n > biggest:
                 biggest = n
             if not checked[i] and n >= size:
@@ -599,6 +602,8 @@ def _receive(socks: list[socket.socket], spec: SubSpec, start: float, expected) 
         "cpu": _cpu() - cpu0,
         "sys": _sys_cpu() - sys0,
         "wall": (t_last or now()) - start,
+        "reads": reads,
+        "read_bytes": read_bytes,
         "errors": errors,
         "pid": os.getpid(),
     }

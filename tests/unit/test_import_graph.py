@@ -1,12 +1,15 @@
 """The import graph of the project's own modules (everything under libs/ and services/), read
 with ``ast`` without importing anything:
 
-- no import cycles, inside a package (one adapter) as well as between packages;
+- no import cycles, inside a package (one adapter) as well as between packages, and none
+  either when the imports under ``if TYPE_CHECKING:`` are counted (a cycle of types is a
+  layering one: a lower module naming a higher one's class);
 - flowmq_queue does not import flowmq_kas3 (the queue engine is independent of stream storage);
 - flowmq_core and flowmq_wire import no other project package (they are the bottom layers).
 
 An edge is an import statement anywhere in a module (a function's body included), relative
-imports resolved, except those under ``if TYPE_CHECKING:`` (they never run). ``from p import
+imports resolved, except (unless asked for) those under ``if TYPE_CHECKING:`` (they never
+run). ``from p import
 n`` depends on ``p`` and, if it is a module, on ``p.n``; an import of a module's own ancestor
 package is no edge (Python initialises that package first anyway)."""
 
@@ -41,15 +44,16 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
-    """The import statements of ``tree``, except the bodies of ``if TYPE_CHECKING:``."""
+def _imports(tree: ast.AST, type_checking: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements of ``tree``, except the bodies of ``if TYPE_CHECKING:`` unless
+    ``type_checking``."""
     found: list[ast.Import | ast.ImportFrom] = []
     pending: list[ast.AST] = [tree]
     while pending:
         node = pending.pop()
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append(node)
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+        elif isinstance(node, ast.If) and not type_checking and _is_type_checking(node.test):
             pending.extend(node.orelse)
         else:
             pending.extend(ast.iter_child_nodes(node))
@@ -68,12 +72,13 @@ def _imported_names(node: ast.Import | ast.ImportFrom, module: str, is_package: 
     return [base, *(f"{base}.{alias.name}" for alias in node.names)]
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the project modules it imports."""
+def import_graph(modules: dict[str, Path], type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (also under ``if TYPE_CHECKING:`` if
+    ``type_checking``)."""
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for module, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
-        for node in _imports(tree):
+        for node in _imports(tree, type_checking):
             for name in _imported_names(node, module, path.name == "__init__.py"):
                 while name and name not in modules:  # ``p.n`` where n is not a module: p
                     name = name.rpartition(".")[0]
@@ -148,6 +153,14 @@ def test_no_import_cycles(graph):
     )
 
 
+def test_no_import_cycles_of_types_either():
+    graph = import_graph(project_modules(SOURCE_ROOTS), type_checking=True)
+    cycles = import_cycles(graph)
+    assert not cycles, f"{len(cycles)} import cycle(s) with type-only imports:\n" + "\n".join(
+        _describe(c, graph) for c in cycles
+    )
+
+
 def _imports_from(graph: dict[str, set[str]], package: str, into) -> dict[str, list[str]]:
     """For each module of ``package``: the project modules it imports for which ``into(top
     package name)`` holds (only modules that have some)."""
@@ -200,3 +213,6 @@ def test_the_walk_finds_relative_and_lazy_imports_and_skips_type_checking(tmp_pa
         "other": {"pkg"},
     }
     assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.d", "pkg.e", "pkg.sub.c"]]
+    # counted when asked for: d's type-only import of a
+    typed = import_graph(project_modules((tmp_path,)), type_checking=True)
+    assert typed["pkg.d"] == {"pkg.a", "pkg.e"}

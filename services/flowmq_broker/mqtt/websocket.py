@@ -33,7 +33,7 @@ from flowmq_broker.mqtt.connection import MqttConnection
 if TYPE_CHECKING:
     from ssl import SSLContext
 
-    from flowmq_broker.mqtt.server import MqttServer
+    from flowmq_broker.mqtt.host import ConnectionHost
 
 log = logging.getLogger(__name__)
 
@@ -171,11 +171,14 @@ class _WsTransport(asyncio.Transport):
 
 
 class MqttWebSocketListener:
-    """``GET /mqtt`` WebSocket endpoints of one ``MqttServer``: ``start`` a plain or TLS site;
-    ``stop`` closes the sites (the MQTT server shuts the connections down)."""
+    """``GET /mqtt`` WebSocket endpoints of one MQTT server (``MqttServer``, which owns this
+    listener, seen through the connections' interface): ``start`` a plain or TLS site,
+    sharing its port with other processes when ``reuse_port`` (host mode); ``stop`` closes
+    the sites (the MQTT server shuts the connections down)."""
 
-    def __init__(self, server: MqttServer) -> None:
+    def __init__(self, server: ConnectionHost, reuse_port: bool = False) -> None:
         self.server = server
+        self.reuse_port = reuse_port
         app = web.Application()
         app.router.add_get(WS_PATH, self._handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -187,7 +190,7 @@ class MqttWebSocketListener:
         if not self._started:
             await self._runner.setup()
             self._started = True
-        sock = bind_socket(host, port, reuse_port=self.server.reuse_port)
+        sock = bind_socket(host, port, reuse_port=self.reuse_port)
         bound = sock.getsockname()[1]
         await web.SockSite(self._runner, sock, ssl_context=ssl_context).start()
         return bound

@@ -9,9 +9,8 @@ with ``ast`` without importing anything:
 
 An edge is an import statement anywhere in a module (a function's body included), relative
 imports resolved, except (unless asked for) those under ``if TYPE_CHECKING:`` (they never
-run). ``from p import
-n`` depends on ``p`` and, if it is a module, on ``p.n``; an import of a module's own ancestor
-package is no edge (Python initialises that package first anyway)."""
+run). ``from p import n`` depends on ``p`` and, if it is a module, on ``p.n``; an import of a
+module's own ancestor package is no edge (Python initialises that package first anyway)."""
 
 from __future__ import annotations
 
@@ -136,29 +135,41 @@ def _describe(cycle: list[str], graph: dict[str, set[str]]) -> str:
     return f"{' / '.join(cycle)}\n    ({edges})"
 
 
-@pytest.fixture(scope="module")
-def graph() -> dict[str, set[str]]:
-    found = import_graph(project_modules(SOURCE_ROOTS))
+def _seen_project(found: dict[str, set[str]]) -> dict[str, set[str]]:
     # The walk must have seen the project, or every assertion below would hold vacuously.
     assert len(found) > 50, sorted(found)
     assert "flowmq_admin.app" in found["flowmq_broker.server"]
     return found
 
 
+@pytest.fixture(scope="module")
+def modules() -> dict[str, Path]:
+    return project_modules(SOURCE_ROOTS)
+
+
+@pytest.fixture(scope="module")
+def graph(modules) -> dict[str, set[str]]:
+    return _seen_project(import_graph(modules))
+
+
+@pytest.fixture(scope="module")
+def typed_graph(modules) -> dict[str, set[str]]:
+    """The graph with the imports under ``if TYPE_CHECKING:`` too."""
+    return _seen_project(import_graph(modules, type_checking=True))
+
+
+def _assert_no_cycles(graph: dict[str, set[str]], what: str) -> None:
+    cycles = import_cycles(graph)
+    assert not cycles, f"{len(cycles)} {what}:\n" + "\n".join(_describe(c, graph) for c in cycles)
+
+
 # --- the project -----------------------------------------------------------------------------
 def test_no_import_cycles(graph):
-    cycles = import_cycles(graph)
-    assert not cycles, f"{len(cycles)} import cycle(s):\n" + "\n".join(
-        _describe(c, graph) for c in cycles
-    )
+    _assert_no_cycles(graph, "import cycle(s)")
 
 
-def test_no_import_cycles_of_types_either():
-    graph = import_graph(project_modules(SOURCE_ROOTS), type_checking=True)
-    cycles = import_cycles(graph)
-    assert not cycles, f"{len(cycles)} import cycle(s) with type-only imports:\n" + "\n".join(
-        _describe(c, graph) for c in cycles
-    )
+def test_no_import_cycles_of_types_either(typed_graph):
+    _assert_no_cycles(typed_graph, "import cycle(s) with type-only imports")
 
 
 def _imports_from(graph: dict[str, set[str]], package: str, into) -> dict[str, list[str]]:

@@ -204,7 +204,7 @@ class MqttServer:
         """Serve MQTT over WebSocket (``/mqtt``, subprotocol ``mqtt``) on ``port`` too, over
         TLS with ``tls`` (after ``start``; ``start_tls`` first for WSS); the bound port."""
         if self._websocket is None:
-            self._websocket = MqttWebSocketListener(self, self.reuse_port)
+            self._websocket = MqttWebSocketListener(self, reuse_port=self.reuse_port)
         return await self._websocket.start(self.host, port, tls.context if tls else None)
 
     async def stop(self) -> None:

@@ -176,7 +176,7 @@ class MqttWebSocketListener:
     sharing its port with other processes when ``reuse_port`` (host mode); ``stop`` closes
     the sites (the MQTT server shuts the connections down)."""
 
-    def __init__(self, server: ConnectionHost, reuse_port: bool = False) -> None:
+    def __init__(self, server: ConnectionHost, *, reuse_port: bool) -> None:
         self.server = server
         self.reuse_port = reuse_port
         app = web.Application()
